@@ -1,0 +1,7 @@
+//! # deepinfer-spec
+//!
+//! Speculative-decoding verification budget planner. Part of the deepinfer workspace; see the crate README.
+#![doc = include_str!("../README.md")]
+
+/// The crate's version, as packaged.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
