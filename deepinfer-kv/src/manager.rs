@@ -1,0 +1,641 @@
+//! Block tables for sequences on top of the [`BlockPool`]: allocate with prefix hit, append,
+//! draft tokens and rollback, copy-on-write fork, free.
+//!
+//! Sequence ids are chosen by the caller. The manager hands out block ids and slot mappings;
+//! the engine owns the tensors and performs the copies the manager asks for ([`CopyOp`]).
+//!
+//! A full block becomes matchable (is registered in the prefix cache) only once its tokens are
+//! committed (not speculative drafts) *and* computed: the caller reports progress with
+//! [`BlockManager::mark_computed`] after each forward pass, so no other request can hit a
+//! block whose KV has not been written yet.
+
+use std::collections::HashMap;
+
+use crate::error::{KvError, Result};
+use crate::events::{CacheStats, KvEvent};
+use crate::hash::{BlockHash, BlockHasher, ExtraKeys, HashAlgo};
+use crate::hit_rule::{HitPlan, HitRule};
+use crate::pool::{BlockId, BlockPool, PoolUsage};
+
+/// Where one token's KV is written: block id and offset inside the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// Block id.
+    pub block: BlockId,
+    /// Offset in the block, `0..block_size`.
+    pub offset: u32,
+}
+
+impl Slot {
+    /// The flat slot index `block * block_size + offset` most attention kernels take.
+    pub fn index(&self, block_size: usize) -> u64 {
+        self.block as u64 * block_size as u64 + self.offset as u64
+    }
+}
+
+/// A block copy the engine must perform before the next write: copy the contents (all layer
+/// kinds) of block `src` into block `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyOp {
+    /// Source block.
+    pub src: BlockId,
+    /// Destination block (freshly allocated, owned by the sequence that asked).
+    pub dst: BlockId,
+}
+
+/// Settings of a [`BlockManager`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockManagerConfig {
+    /// Blocks in the pool (see [`crate::KvLayout::blocks_for_budget`]).
+    pub num_blocks: usize,
+    /// Tokens per block (default 128).
+    pub block_size: usize,
+    /// Match and register full blocks by hash chain.
+    pub enable_prefix_caching: bool,
+    /// Hash function of the chain.
+    pub hash_algo: HashAlgo,
+    /// Seed of the chain (keep it fixed to reuse persisted blocks across restarts).
+    pub hash_seed: u64,
+    /// Keep token ids of cached blocks and compare them on every hit (guards against collisions;
+    /// costs 4 bytes per slot of host memory).
+    pub verify_tokens: bool,
+    /// Fraction of the pool that [`BlockManager::can_allocate`] keeps free for running sequences.
+    pub watermark: f64,
+    /// The prefix-hit rule.
+    pub hit_rule: HitRule,
+    /// Record [`KvEvent`]s.
+    pub emit_events: bool,
+}
+
+impl BlockManagerConfig {
+    /// Defaults: prefix caching on, XXH3-128 seed 0, token verification on, 1% watermark,
+    /// no window rule, no events.
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Self {
+            num_blocks,
+            block_size,
+            enable_prefix_caching: true,
+            hash_algo: HashAlgo::Xxh3_128,
+            hash_seed: 0,
+            verify_tokens: true,
+            watermark: 0.01,
+            hit_rule: HitRule::none(),
+            emit_events: false,
+        }
+    }
+}
+
+/// Per-request options of [`BlockManager::allocate`].
+#[derive(Default)]
+pub struct AllocateOptions<'a> {
+    /// Adapter id, cache salt, multimodal items.
+    pub extra_keys: ExtraKeys,
+    /// Whether the window state at the end of a hit (keyed by the hash of the hit's last block)
+    /// is available, for instance in the host window-state store. `None` means always available.
+    pub window_state_present: Option<&'a dyn Fn(BlockHash) -> bool>,
+    /// The prompt is being re-allocated after preemption: its hits are not counted in the hit rate.
+    pub recompute_after_preemption: bool,
+}
+
+/// What [`BlockManager::allocate`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// Reused, replayed and newly computed tokens.
+    pub plan: HitPlan,
+    /// Blocks now held by the sequence.
+    pub num_blocks: usize,
+    /// Hash of the last reused block (the key of the window state to load), if any.
+    pub hit_end: Option<BlockHash>,
+}
+
+/// Result of a read-only prefix lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PrefixMatch {
+    /// Hashes of every full block of the query (for looking up other tiers).
+    pub hashes: Vec<BlockHash>,
+    /// Device blocks of the longest cached chain, one per matched block.
+    pub blocks: Vec<BlockId>,
+}
+
+impl PrefixMatch {
+    /// Matched tokens for the given block size.
+    pub fn num_tokens(&self, block_size: usize) -> usize {
+        self.blocks.len() * block_size
+    }
+}
+
+/// Slot usage of one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceUsage {
+    /// Tokens held (committed and draft).
+    pub tokens: usize,
+    /// Blocks held.
+    pub blocks: usize,
+    /// Slots in those blocks (`blocks * block_size`).
+    pub slots: usize,
+}
+
+impl SequenceUsage {
+    /// Fraction of slots holding a token.
+    pub fn fill(&self) -> f64 {
+        if self.slots == 0 {
+            0.0
+        } else {
+            self.tokens as f64 / self.slots as f64
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Sequence {
+    blocks: Vec<BlockId>,
+    tokens: Vec<u32>,
+    committed: usize,
+    computed: usize,
+    /// Chained hashes of the leading full committed blocks known so far.
+    hashes: Vec<BlockHash>,
+    /// Leading blocks already offered to the prefix cache.
+    registered: usize,
+    keys: ExtraKeys,
+}
+
+/// Block tables of many sequences over one pool.
+///
+/// ```
+/// use deepinfer_kv::{BlockManager, BlockManagerConfig};
+/// let mut m = BlockManager::new(BlockManagerConfig::new(16, 4)).unwrap();
+/// let prompt: Vec<u32> = (0..10).collect();
+/// m.allocate(1, &prompt, Default::default()).unwrap();
+/// m.mark_computed(1, 10).unwrap();
+/// // A second request with the same first 8 tokens reuses two blocks.
+/// let a = m.allocate(2, &prompt, Default::default()).unwrap();
+/// assert_eq!(a.plan.reused_tokens, 8);
+/// ```
+#[derive(Debug, Clone)]
+pub struct BlockManager {
+    pool: BlockPool,
+    cfg: BlockManagerConfig,
+    hasher: BlockHasher,
+    seqs: HashMap<u64, Sequence>,
+    stats: CacheStats,
+}
+
+fn div_ceil(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+impl BlockManager {
+    /// A manager with an empty pool. Errors on zero block size, a bad block count or a watermark
+    /// outside `[0, 1)`.
+    pub fn new(cfg: BlockManagerConfig) -> Result<Self> {
+        if !(0.0..1.0).contains(&cfg.watermark) {
+            return Err(KvError::InvalidConfig(format!(
+                "watermark {} not in [0, 1)",
+                cfg.watermark
+            )));
+        }
+        let mut pool = BlockPool::new(
+            cfg.num_blocks,
+            cfg.block_size,
+            cfg.verify_tokens && cfg.enable_prefix_caching,
+        )?;
+        pool.set_events_enabled(cfg.emit_events);
+        Ok(Self {
+            hasher: BlockHasher::new(cfg.hash_algo, cfg.hash_seed),
+            pool,
+            cfg,
+            seqs: HashMap::new(),
+            stats: CacheStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BlockManagerConfig {
+        &self.cfg
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.cfg.block_size
+    }
+
+    /// The underlying pool (read only).
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Pool block counts.
+    pub fn usage(&self) -> PoolUsage {
+        self.pool.usage()
+    }
+
+    /// Prefix-cache counters.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            evictions: self.pool.evictions(),
+            ..self.stats
+        }
+    }
+
+    /// Events since the last call (empty unless `emit_events`).
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        self.pool.drain_events()
+    }
+
+    /// Ids of the sequences that hold blocks.
+    pub fn sequence_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.seqs.keys().copied()
+    }
+
+    /// True when `seq` holds blocks.
+    pub fn contains(&self, seq: u64) -> bool {
+        self.seqs.contains_key(&seq)
+    }
+
+    fn seq(&self, seq: u64) -> Result<&Sequence> {
+        self.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))
+    }
+
+    /// The block table of `seq`.
+    pub fn block_table(&self, seq: u64) -> Result<&[BlockId]> {
+        Ok(&self.seq(seq)?.blocks)
+    }
+
+    /// Tokens held by `seq` (committed then draft).
+    pub fn tokens(&self, seq: u64) -> Result<&[u32]> {
+        Ok(&self.seq(seq)?.tokens)
+    }
+
+    /// Number of committed tokens of `seq` (the rest are drafts).
+    pub fn num_committed(&self, seq: u64) -> Result<usize> {
+        Ok(self.seq(seq)?.committed)
+    }
+
+    /// Number of tokens of `seq` whose KV has been computed.
+    pub fn num_computed(&self, seq: u64) -> Result<usize> {
+        Ok(self.seq(seq)?.computed)
+    }
+
+    /// Slot usage of `seq`.
+    pub fn sequence_usage(&self, seq: u64) -> Result<SequenceUsage> {
+        let s = self.seq(seq)?;
+        Ok(SequenceUsage {
+            tokens: s.tokens.len(),
+            blocks: s.blocks.len(),
+            slots: s.blocks.len() * self.cfg.block_size,
+        })
+    }
+
+    /// Blocks kept free by the watermark.
+    pub fn watermark_blocks(&self) -> usize {
+        (self.cfg.watermark * self.cfg.num_blocks as f64) as usize
+    }
+
+    /// Whether a new prompt of `num_tokens` tokens fits while leaving the watermark free
+    /// (conservative: ignores prefix hits).
+    pub fn can_allocate(&self, num_tokens: usize) -> bool {
+        let need = div_ceil(num_tokens, self.cfg.block_size);
+        self.pool.num_free() >= need + self.watermark_blocks()
+    }
+
+    /// Blocks that appending `n` tokens to `seq` would allocate.
+    pub fn blocks_needed_to_append(&self, seq: u64, n: usize) -> Result<usize> {
+        let s = self.seq(seq)?;
+        Ok(div_ceil(s.tokens.len() + n, self.cfg.block_size).saturating_sub(s.blocks.len()))
+    }
+
+    /// Whether `n` more tokens fit for `seq` (no watermark: running sequences may use it).
+    pub fn can_append(&self, seq: u64, n: usize) -> Result<bool> {
+        Ok(self.blocks_needed_to_append(seq, n)? <= self.pool.num_free())
+    }
+
+    /// Hashes of every full block of `tokens` under `keys` (empty when prefix caching is off).
+    pub fn prefix_hashes(&mut self, tokens: &[u32], keys: &ExtraKeys) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        if self.cfg.enable_prefix_caching {
+            self.hasher
+                .hash_chain(tokens, self.cfg.block_size, keys, &mut out);
+        }
+        out
+    }
+
+    fn longest_match(&self, tokens: &[u32], hashes: &[BlockHash], out: &mut Vec<BlockId>) {
+        let bs = self.cfg.block_size;
+        let mut parent = None;
+        for (i, &h) in hashes.iter().enumerate() {
+            match self
+                .pool
+                .lookup_verified(h, parent, &tokens[i * bs..(i + 1) * bs])
+            {
+                Some(b) => out.push(b),
+                None => break,
+            }
+            parent = Some(h);
+        }
+    }
+
+    /// The longest chain of cached device blocks for `tokens` (read only: no ref count changes).
+    pub fn match_prefix(&mut self, tokens: &[u32], keys: &ExtraKeys) -> PrefixMatch {
+        let hashes = self.prefix_hashes(tokens, keys);
+        let mut blocks = Vec::new();
+        self.longest_match(tokens, &hashes, &mut blocks);
+        PrefixMatch { hashes, blocks }
+    }
+
+    /// Allocates blocks for a new sequence's prompt, reusing the longest cached prefix allowed by
+    /// the hit rule. The reused tokens count as computed; the caller computes the rest
+    /// (`plan.computed_tokens`, plus `plan.replayed_tokens` for window state) and then calls
+    /// [`BlockManager::mark_computed`]. All or nothing: on error nothing changes.
+    pub fn allocate(
+        &mut self,
+        seq: u64,
+        prompt: &[u32],
+        opts: AllocateOptions<'_>,
+    ) -> Result<Allocation> {
+        if self.seqs.contains_key(&seq) {
+            return Err(KvError::SequenceExists(seq));
+        }
+        let bs = self.cfg.block_size;
+        let mut hashes = Vec::new();
+        let mut hit_blocks = Vec::with_capacity(div_ceil(prompt.len(), bs));
+        if self.cfg.enable_prefix_caching {
+            self.hasher
+                .hash_chain(prompt, bs, &opts.extra_keys, &mut hashes);
+            self.longest_match(prompt, &hashes, &mut hit_blocks);
+        }
+        let plan = self
+            .cfg
+            .hit_rule
+            .plan(prompt.len(), hit_blocks.len() * bs, bs, |n| {
+                opts.window_state_present
+                    .is_none_or(|present| present(hashes[n - 1]))
+            });
+        let reuse = plan.reused_blocks(bs);
+        hit_blocks.truncate(reuse);
+        let total = div_ceil(prompt.len(), bs);
+        let new_blocks = total - reuse;
+        // Reviving a free cached block takes it off the free list too.
+        let revived = hit_blocks
+            .iter()
+            .filter(|&&b| self.pool.ref_count(b) == Ok(0))
+            .count();
+        let available = self.pool.num_free();
+        if new_blocks + revived > available {
+            return Err(KvError::OutOfBlocks {
+                needed: new_blocks + revived,
+                available,
+            });
+        }
+        for &b in &hit_blocks {
+            self.pool.retain(b)?;
+        }
+        let mut blocks = hit_blocks;
+        self.pool.allocate_n(new_blocks, &mut blocks)?;
+        let hit_end = reuse.checked_sub(1).map(|i| hashes[i]);
+        if opts.recompute_after_preemption {
+            self.stats.preempted_query_tokens += prompt.len() as u64;
+            self.stats.preempted_hit_tokens += plan.reused_tokens as u64;
+        } else {
+            self.stats.requests += 1;
+            self.stats.query_tokens += prompt.len() as u64;
+            self.stats.hit_tokens += plan.reused_tokens as u64;
+        }
+        self.stats.replayed_tokens += plan.replayed_tokens as u64;
+        let num_blocks = blocks.len();
+        self.seqs.insert(
+            seq,
+            Sequence {
+                blocks,
+                tokens: prompt.to_vec(),
+                committed: prompt.len(),
+                computed: plan.reused_tokens,
+                hashes,
+                registered: reuse,
+                keys: opts.extra_keys,
+            },
+        );
+        Ok(Allocation {
+            plan,
+            num_blocks,
+            hit_end,
+        })
+    }
+
+    fn append_inner(
+        &mut self,
+        seq: u64,
+        tokens: &[u32],
+        draft: bool,
+        out: &mut Vec<Slot>,
+    ) -> Result<()> {
+        let bs = self.cfg.block_size;
+        let s = self.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        if !draft && s.committed != s.tokens.len() {
+            return Err(KvError::DraftsPending(seq));
+        }
+        let len = s.tokens.len();
+        let need = div_ceil(len + tokens.len(), bs).saturating_sub(s.blocks.len());
+        let available = self.pool.num_free();
+        if need > available {
+            return Err(KvError::OutOfBlocks {
+                needed: need,
+                available,
+            });
+        }
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        self.pool.allocate_n(need, &mut s.blocks)?;
+        out.reserve(tokens.len());
+        for p in len..len + tokens.len() {
+            out.push(Slot {
+                block: s.blocks[p / bs],
+                offset: (p % bs) as u32,
+            });
+        }
+        s.tokens.extend_from_slice(tokens);
+        if !draft {
+            s.committed = s.tokens.len();
+        }
+        Ok(())
+    }
+
+    /// Appends committed tokens to `seq`, allocating blocks as needed, and pushes the slot of
+    /// each new token to `out`. All or nothing.
+    pub fn append(&mut self, seq: u64, tokens: &[u32], out: &mut Vec<Slot>) -> Result<()> {
+        self.append_inner(seq, tokens, false, out)
+    }
+
+    /// [`BlockManager::append`] returning a fresh vector.
+    pub fn append_slots(&mut self, seq: u64, tokens: &[u32]) -> Result<Vec<Slot>> {
+        let mut out = Vec::with_capacity(tokens.len());
+        self.append(seq, tokens, &mut out)?;
+        Ok(out)
+    }
+
+    /// Appends speculative draft tokens. They get slots but are never cached until accepted
+    /// with [`BlockManager::accept_drafts`]; rejected ones are removed with
+    /// [`BlockManager::rollback`].
+    pub fn append_draft(&mut self, seq: u64, tokens: &[u32], out: &mut Vec<Slot>) -> Result<()> {
+        self.append_inner(seq, tokens, true, out)
+    }
+
+    /// Marks every remaining draft token of `seq` as committed (call after rolling back the
+    /// rejected ones).
+    pub fn accept_drafts(&mut self, seq: u64) -> Result<()> {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        s.committed = s.tokens.len();
+        self.register_full(seq);
+        Ok(())
+    }
+
+    /// Records that the KV of the first `num_tokens` tokens of `seq` has been written. Full
+    /// committed blocks up to there become matchable by other requests.
+    pub fn mark_computed(&mut self, seq: u64, num_tokens: usize) -> Result<()> {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if num_tokens > s.tokens.len() {
+            return Err(KvError::ComputedPastEnd {
+                requested: num_tokens,
+                len: s.tokens.len(),
+            });
+        }
+        s.computed = s.computed.max(num_tokens);
+        self.register_full(seq);
+        Ok(())
+    }
+
+    fn register_full(&mut self, seq: u64) {
+        if !self.cfg.enable_prefix_caching {
+            return;
+        }
+        let bs = self.cfg.block_size;
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        let limit = s.committed.min(s.computed) / bs;
+        while s.hashes.len() < limit {
+            let i = s.hashes.len();
+            let parent = s.hashes.last().copied();
+            let h =
+                self.hasher
+                    .hash_block(parent, &s.tokens[i * bs..(i + 1) * bs], i * bs, &s.keys);
+            s.hashes.push(h);
+        }
+        for i in s.registered..limit {
+            let parent = if i == 0 { None } else { Some(s.hashes[i - 1]) };
+            // Another block may already hold this hash (two requests computed the same
+            // prefix); then this block simply stays uncached.
+            self.pool.register(
+                s.blocks[i],
+                s.hashes[i],
+                parent,
+                &s.tokens[i * bs..(i + 1) * bs],
+            );
+        }
+        s.registered = s.registered.max(limit);
+    }
+
+    /// Removes the last `n` tokens of `seq` (rejected speculative tokens, or a truncation).
+    /// Blocks left empty are released; if the new last block is partly filled and shared or
+    /// cached, it is detached: a cached private block leaves the cache, a shared block is copied
+    /// to a fresh one (the returned [`CopyOp`]). All or nothing.
+    pub fn rollback(&mut self, seq: u64, n: usize) -> Result<Option<CopyOp>> {
+        let bs = self.cfg.block_size;
+        let s = self.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let len = s.tokens.len();
+        if n > len {
+            return Err(KvError::RollbackPastStart { requested: n, len });
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let new_len = len - n;
+        let keep = div_ceil(new_len, bs);
+        let partial_tail = (!new_len.is_multiple_of(bs)).then(|| s.blocks[keep - 1]);
+        let mut copy = None;
+        if let Some(tail) = partial_tail
+            && self.pool.ref_count(tail)? > 1
+        {
+            let dst = self.pool.allocate()?;
+            copy = Some(CopyOp { src: tail, dst });
+        }
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        self.pool.release_all(&s.blocks[keep..])?;
+        s.blocks.truncate(keep);
+        if let Some(op) = copy {
+            self.pool.release(op.src)?;
+            s.blocks[keep - 1] = op.dst;
+        } else if let Some(tail) = partial_tail {
+            self.pool.unregister(tail);
+        }
+        s.tokens.truncate(new_len);
+        s.committed = s.committed.min(new_len);
+        s.computed = s.computed.min(new_len);
+        s.hashes.truncate(new_len / bs);
+        s.registered = s.registered.min(new_len / bs);
+        Ok(copy)
+    }
+
+    /// Forks `parent` into a new sequence `child` (beam search, parallel sampling). The child
+    /// shares every full block; a partly filled last block is copied into a fresh block for the
+    /// child, and the returned [`CopyOp`] tells the engine to copy it. All or nothing.
+    pub fn fork(&mut self, parent: u64, child: u64) -> Result<Option<CopyOp>> {
+        if self.seqs.contains_key(&child) {
+            return Err(KvError::SequenceExists(child));
+        }
+        let bs = self.cfg.block_size;
+        let p = self.seq(parent)?;
+        let mut c = p.clone();
+        let partial = !p.tokens.len().is_multiple_of(bs);
+        let mut copy = None;
+        if partial {
+            let src = *c.blocks.last().ok_or(KvError::UnknownSequence(parent))?;
+            let dst = self.pool.allocate()?;
+            *c.blocks
+                .last_mut()
+                .ok_or(KvError::UnknownSequence(parent))? = dst;
+            copy = Some(CopyOp { src, dst });
+        }
+        let shared = c.blocks.len() - usize::from(partial);
+        for &b in &c.blocks[..shared] {
+            self.pool.retain(b)?;
+        }
+        self.seqs.insert(child, c);
+        Ok(copy)
+    }
+
+    /// Releases every block of `seq`, last block first, and forgets the sequence.
+    pub fn free(&mut self, seq: u64) -> Result<()> {
+        let s = self
+            .seqs
+            .remove(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        self.pool.release_all(&s.blocks)
+    }
+
+    /// Evicts up to `n` least recently used free cached blocks now (normally eviction is lazy).
+    pub fn evict_cached(&mut self, n: usize) -> usize {
+        self.pool.evict_lru(n)
+    }
+
+    /// Drops the whole prefix cache (for instance after a weight update).
+    pub fn reset_prefix_cache(&mut self) {
+        self.pool.clear_cache();
+        for s in self.seqs.values_mut() {
+            // Blocks already offered stay uncached; new full blocks will be registered again.
+            s.registered = s
+                .registered
+                .max(s.committed.min(s.computed) / self.cfg.block_size);
+        }
+    }
+}

@@ -1,0 +1,576 @@
+//! The block pool: ref counts, an O(1) intrusive free list and the hash → block index.
+//!
+//! Free blocks sit in one of two intrusive doubly linked lists threaded through the block table
+//! by index: blocks without a hash (handed out first) and cached blocks that still hold a valid
+//! hash, in least-recently-freed order. A cached block is evicted lazily: its hash is dropped only
+//! when its slot is handed out again. A cached block that a new prompt hits is revived by unlinking
+//! it in O(1). Nothing here scans or shifts.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::error::{KvError, Result};
+use crate::events::KvEvent;
+use crate::hash::BlockHash;
+
+/// Index of a block in the pool (what the engine's block tables hold).
+pub type BlockId = u32;
+
+const NIL: u32 = u32::MAX;
+
+/// Keys are already uniformly distributed 128-bit hashes; folding them is enough.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FoldHasher(u64);
+
+impl Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(29) ^ u64::from_le_bytes(b))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 ^= (v as u64) ^ ((v >> 64) as u64);
+    }
+}
+
+pub(crate) type HashIndex<V> = HashMap<BlockHash, V, BuildHasherDefault<FoldHasher>>;
+
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    ref_count: u32,
+    prev: u32,
+    next: u32,
+    /// Which free list the block is on (only meaningful when `ref_count == 0`).
+    cached: bool,
+    hashed: bool,
+    hash: BlockHash,
+    parent: Option<BlockHash>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct List {
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl List {
+    const EMPTY: List = List {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
+}
+
+/// Counts of the pool's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolUsage {
+    /// Blocks in the pool.
+    pub total: usize,
+    /// Blocks referenced by at least one sequence.
+    pub used: usize,
+    /// Free blocks holding no hash.
+    pub free_empty: usize,
+    /// Free blocks still holding a cached hash (evictable, revivable).
+    pub free_cached: usize,
+    /// Blocks whose hash is in the prefix index (used or free).
+    pub cached: usize,
+}
+
+impl PoolUsage {
+    /// All free blocks, cached or not.
+    pub fn free(&self) -> usize {
+        self.free_empty + self.free_cached
+    }
+
+    /// Fraction of blocks in use, in `[0, 1]`.
+    pub fn usage(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            self.used as f64 / self.total as f64
+        }
+    }
+}
+
+/// A fixed pool of blocks with ref counts and a prefix-cache index.
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    meta: Vec<Meta>,
+    empty: List,
+    cached_free: List,
+    index: HashIndex<BlockId>,
+    /// Token ids of cached blocks, `block_size` per block, kept only when verification is on.
+    tokens: Vec<u32>,
+    block_size: usize,
+    verify_tokens: bool,
+    evictions: u64,
+    events: Option<Vec<KvEvent>>,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` blocks of `block_size` tokens. When `verify_tokens` is set, each
+    /// cached block keeps its token ids so a hit can be checked token by token.
+    pub fn new(num_blocks: usize, block_size: usize, verify_tokens: bool) -> Result<Self> {
+        if block_size == 0 {
+            return Err(KvError::ZeroBlockSize);
+        }
+        if num_blocks == 0 || num_blocks >= NIL as usize {
+            return Err(KvError::InvalidBlockCount(num_blocks));
+        }
+        let meta = (0..num_blocks as u32)
+            .map(|i| Meta {
+                ref_count: 0,
+                prev: if i == 0 { NIL } else { i - 1 },
+                next: if i + 1 == num_blocks as u32 {
+                    NIL
+                } else {
+                    i + 1
+                },
+                cached: false,
+                hashed: false,
+                hash: BlockHash(0),
+                parent: None,
+            })
+            .collect();
+        let tokens = if verify_tokens {
+            // Zeroed allocation: pages are only touched when a block is cached.
+            vec![0u32; num_blocks * block_size]
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            meta,
+            empty: List {
+                head: 0,
+                tail: num_blocks as u32 - 1,
+                len: num_blocks,
+            },
+            cached_free: List::EMPTY,
+            index: HashIndex::default(),
+            tokens,
+            block_size,
+            verify_tokens,
+            evictions: 0,
+            events: None,
+        })
+    }
+
+    /// Starts (or stops) recording [`KvEvent`]s for cache-aware routers.
+    pub fn set_events_enabled(&mut self, on: bool) {
+        self.events = if on { Some(Vec::new()) } else { None };
+    }
+
+    /// Takes the events recorded since the last call.
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn emit(&mut self, e: KvEvent) {
+        if let Some(ev) = self.events.as_mut() {
+            ev.push(e);
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks in the pool.
+    pub fn num_blocks(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// Blocks that can be handed out now (free, cached or not).
+    pub fn num_free(&self) -> usize {
+        self.empty.len + self.cached_free.len
+    }
+
+    /// Cached blocks evicted so far (their slot handed out again, or evicted on request).
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Block counts.
+    pub fn usage(&self) -> PoolUsage {
+        let free = self.num_free();
+        PoolUsage {
+            total: self.meta.len(),
+            used: self.meta.len() - free,
+            free_empty: self.empty.len,
+            free_cached: self.cached_free.len,
+            cached: self.index.len(),
+        }
+    }
+
+    /// Reference count of `block` (0 when free). Errors on an id outside the pool.
+    pub fn ref_count(&self, block: BlockId) -> Result<u32> {
+        self.meta
+            .get(block as usize)
+            .map(|m| m.ref_count)
+            .ok_or(KvError::BlockNotAllocated(block))
+    }
+
+    /// The hash `block` is cached under, if any.
+    pub fn hash_of(&self, block: BlockId) -> Option<BlockHash> {
+        self.meta
+            .get(block as usize)
+            .filter(|m| m.hashed)
+            .map(|m| m.hash)
+    }
+
+    /// The block cached under `hash`, if any (used or free).
+    pub fn lookup(&self, hash: BlockHash) -> Option<BlockId> {
+        self.index.get(&hash).copied()
+    }
+
+    /// True when a block is cached under `hash`.
+    pub fn contains(&self, hash: BlockHash) -> bool {
+        self.index.contains_key(&hash)
+    }
+
+    /// Finds `hash` and, when verification is on, checks the block's parent and token ids.
+    pub fn lookup_verified(
+        &self,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        tokens: &[u32],
+    ) -> Option<BlockId> {
+        let b = self.lookup(hash)?;
+        if self.verify_tokens {
+            let m = &self.meta[b as usize];
+            let start = b as usize * self.block_size;
+            if m.parent != parent || self.tokens[start..start + self.block_size] != *tokens {
+                return None;
+            }
+        }
+        Some(b)
+    }
+
+    // ---- intrusive list operations ----
+
+    fn list(&mut self, cached: bool) -> &mut List {
+        if cached {
+            &mut self.cached_free
+        } else {
+            &mut self.empty
+        }
+    }
+
+    fn push_back(&mut self, b: u32, cached: bool) {
+        let tail = self.list(cached).tail;
+        {
+            let m = &mut self.meta[b as usize];
+            m.prev = tail;
+            m.next = NIL;
+            m.cached = cached;
+        }
+        if tail == NIL {
+            self.list(cached).head = b;
+        } else {
+            self.meta[tail as usize].next = b;
+        }
+        let l = self.list(cached);
+        l.tail = b;
+        l.len += 1;
+    }
+
+    fn unlink(&mut self, b: u32) {
+        let Meta {
+            prev, next, cached, ..
+        } = self.meta[b as usize];
+        if prev == NIL {
+            self.list(cached).head = next;
+        } else {
+            self.meta[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.list(cached).tail = prev;
+        } else {
+            self.meta[next as usize].prev = prev;
+        }
+        self.list(cached).len -= 1;
+        let m = &mut self.meta[b as usize];
+        m.prev = NIL;
+        m.next = NIL;
+    }
+
+    fn drop_hash(&mut self, b: u32) {
+        let m = &mut self.meta[b as usize];
+        if m.hashed {
+            m.hashed = false;
+            let h = m.hash;
+            if self.index.get(&h) == Some(&b) {
+                self.index.remove(&h);
+            }
+            self.emit(KvEvent::Removed { hashes: vec![h] });
+        }
+    }
+
+    // ---- allocation ----
+
+    /// Hands out one block with ref count 1: an empty one if any, else the least recently
+    /// freed cached block (whose hash is evicted now).
+    pub fn allocate(&mut self) -> Result<BlockId> {
+        let b = if self.empty.head != NIL {
+            let b = self.empty.head;
+            self.unlink(b);
+            b
+        } else if self.cached_free.head != NIL {
+            let b = self.cached_free.head;
+            self.unlink(b);
+            self.drop_hash(b);
+            self.evictions += 1;
+            b
+        } else {
+            return Err(KvError::OutOfBlocks {
+                needed: 1,
+                available: 0,
+            });
+        };
+        self.meta[b as usize].ref_count = 1;
+        Ok(b)
+    }
+
+    /// Hands out `n` blocks (appended to `out`), all or none.
+    pub fn allocate_n(&mut self, n: usize, out: &mut Vec<BlockId>) -> Result<()> {
+        let available = self.num_free();
+        if n > available {
+            return Err(KvError::OutOfBlocks {
+                needed: n,
+                available,
+            });
+        }
+        out.reserve(n);
+        for _ in 0..n {
+            out.push(self.allocate()?);
+        }
+        Ok(())
+    }
+
+    /// Adds a reference to `block`. A free cached block is revived (taken off the free list).
+    pub fn retain(&mut self, block: BlockId) -> Result<()> {
+        let m = self
+            .meta
+            .get(block as usize)
+            .ok_or(KvError::BlockNotAllocated(block))?;
+        if m.ref_count == 0 {
+            if !m.hashed {
+                // Only cached blocks may be revived; an empty free block has no content.
+                return Err(KvError::BlockNotAllocated(block));
+            }
+            self.unlink(block);
+        }
+        self.meta[block as usize].ref_count += 1;
+        Ok(())
+    }
+
+    /// Drops a reference. At zero the block returns to the free lists: to the back of the cached
+    /// list if it holds a hash (most recently used), else to the empty list.
+    pub fn release(&mut self, block: BlockId) -> Result<()> {
+        let m = self
+            .meta
+            .get_mut(block as usize)
+            .ok_or(KvError::BlockNotAllocated(block))?;
+        if m.ref_count == 0 {
+            return Err(KvError::BlockNotAllocated(block));
+        }
+        m.ref_count -= 1;
+        if m.ref_count == 0 {
+            let cached = m.hashed;
+            self.push_back(block, cached);
+        }
+        Ok(())
+    }
+
+    /// Releases a sequence's blocks tail first, so its last blocks (least likely to be shared)
+    /// become the first eviction candidates.
+    pub fn release_all(&mut self, blocks: &[BlockId]) -> Result<()> {
+        for &b in blocks.iter().rev() {
+            self.release(b)?;
+        }
+        Ok(())
+    }
+
+    /// Caches a full, in-use block under `hash`. Returns false (and caches nothing) if another
+    /// block already holds this hash or `block` already holds a hash.
+    pub fn register(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        tokens: &[u32],
+    ) -> bool {
+        let Some(m) = self.meta.get(block as usize) else {
+            return false;
+        };
+        if m.ref_count == 0 || m.hashed || self.index.contains_key(&hash) {
+            return false;
+        }
+        if self.verify_tokens {
+            if tokens.len() != self.block_size {
+                return false;
+            }
+            let start = block as usize * self.block_size;
+            self.tokens[start..start + self.block_size].copy_from_slice(tokens);
+        }
+        let m = &mut self.meta[block as usize];
+        m.hashed = true;
+        m.hash = hash;
+        m.parent = parent;
+        self.index.insert(hash, block);
+        self.emit(KvEvent::Stored {
+            hash,
+            parent,
+            block,
+        });
+        true
+    }
+
+    /// Removes `block`'s hash from the index (its content is about to change). The block's
+    /// ref count is untouched.
+    pub fn unregister(&mut self, block: BlockId) {
+        if let Some(m) = self.meta.get(block as usize)
+            && m.hashed
+        {
+            if m.ref_count == 0 {
+                // A free cached block moves to the empty list.
+                self.unlink(block);
+                self.drop_hash(block);
+                self.push_back(block, false);
+            } else {
+                self.drop_hash(block);
+            }
+        }
+    }
+
+    /// Evicts up to `n` least recently used free cached blocks now. Returns how many.
+    pub fn evict_lru(&mut self, n: usize) -> usize {
+        let mut done = 0;
+        while done < n && self.cached_free.head != NIL {
+            let b = self.cached_free.head;
+            self.unlink(b);
+            self.drop_hash(b);
+            self.push_back(b, false);
+            self.evictions += 1;
+            done += 1;
+        }
+        done
+    }
+
+    /// Drops every hash (used blocks stay allocated but are no longer matchable).
+    pub fn clear_cache(&mut self) {
+        while self.cached_free.head != NIL {
+            let b = self.cached_free.head;
+            self.unlink(b);
+            self.meta[b as usize].hashed = false;
+            self.push_back(b, false);
+        }
+        for m in &mut self.meta {
+            m.hashed = false;
+        }
+        self.index.clear();
+        self.emit(KvEvent::Cleared);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        assert_eq!(
+            BlockPool::new(4, 0, false).err(),
+            Some(KvError::ZeroBlockSize)
+        );
+        assert_eq!(
+            BlockPool::new(0, 4, false).err(),
+            Some(KvError::InvalidBlockCount(0))
+        );
+    }
+
+    #[test]
+    fn allocate_release_and_double_free() {
+        let mut p = BlockPool::new(3, 4, false).unwrap();
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        let c = p.allocate().unwrap();
+        assert!(matches!(p.allocate(), Err(KvError::OutOfBlocks { .. })));
+        p.release(b).unwrap();
+        assert_eq!(p.release(b), Err(KvError::BlockNotAllocated(b)));
+        assert_eq!(p.release(99), Err(KvError::BlockNotAllocated(99)));
+        assert_eq!(p.allocate().unwrap(), b);
+        p.release_all(&[a, b, c]).unwrap();
+        assert_eq!(p.num_free(), 3);
+    }
+
+    #[test]
+    fn empty_blocks_are_used_before_cached_and_lru_is_evicted_lazily() {
+        let mut p = BlockPool::new(3, 2, true).unwrap();
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        assert!(p.register(a, BlockHash(1), None, &[1, 2]));
+        assert!(p.register(b, BlockHash(2), Some(BlockHash(1)), &[3, 4]));
+        p.release_all(&[a, b]).unwrap(); // b freed first: b is LRU
+        assert_eq!(p.usage().free_cached, 2);
+        // The empty block goes first, hashes survive.
+        let c = p.allocate().unwrap();
+        assert!(c != a && c != b);
+        assert!(p.contains(BlockHash(1)) && p.contains(BlockHash(2)));
+        // Then the LRU cached block (b, freed first) is evicted.
+        assert_eq!(p.allocate().unwrap(), b);
+        assert!(!p.contains(BlockHash(2)));
+        assert!(p.contains(BlockHash(1)));
+        assert_eq!(p.evictions(), 1);
+        // Revive a.
+        assert_eq!(p.lookup_verified(BlockHash(1), None, &[1, 2]), Some(a));
+        assert_eq!(p.lookup_verified(BlockHash(1), None, &[1, 3]), None);
+        p.retain(a).unwrap();
+        assert_eq!(p.num_free(), 0);
+    }
+
+    #[test]
+    fn duplicate_hash_is_not_registered_twice() {
+        let mut p = BlockPool::new(2, 1, false).unwrap();
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        assert!(p.register(a, BlockHash(7), None, &[0]));
+        assert!(!p.register(b, BlockHash(7), None, &[0]));
+        p.release(b).unwrap();
+        assert_eq!(p.usage().free_empty, 1);
+    }
+
+    #[test]
+    fn events_are_recorded() {
+        let mut p = BlockPool::new(1, 1, false).unwrap();
+        p.set_events_enabled(true);
+        let a = p.allocate().unwrap();
+        p.register(a, BlockHash(5), None, &[9]);
+        p.release(a).unwrap();
+        p.allocate().unwrap();
+        p.clear_cache();
+        let ev = p.drain_events();
+        assert_eq!(
+            ev,
+            vec![
+                KvEvent::Stored {
+                    hash: BlockHash(5),
+                    parent: None,
+                    block: a
+                },
+                KvEvent::Removed {
+                    hashes: vec![BlockHash(5)]
+                },
+                KvEvent::Cleared
+            ]
+        );
+    }
+}
