@@ -1,0 +1,1219 @@
+//! The scheduler core: waiting and running queues, one step's budget, chunked
+//! prefill under a token and a time budget, prefix-cache-aware admission,
+//! preemption by recompute, speculative rows and overlapped scheduling.
+//!
+//! Every live request keeps its whole token history (prompt + generated). Its
+//! KV lives in a [`BlockManager`] sequence of the same id. A request's next
+//! rows are the tokens from `scheduled` (KV computed or being computed) to the
+//! end of its history: more than one such token is a prefill chunk, exactly
+//! one is a decode row (the last sampled token as input). Preemption frees the
+//! sequence (full computed blocks stay in the prefix cache) and requeues the
+//! request with its history, so re-admission recomputes it, mostly from cache.
+//!
+//! Cost per step is O(running + admitted): the waiting queue is a heap keyed by
+//! (priority, arrival), never scanned.
+
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use deepinfer_kv::{AllocateOptions, BlockManager, KvError};
+use deepinfer_spec::Planner;
+
+use crate::cost_model::{PrefillCostModel, StepFeatures, StepSample};
+use crate::error::SchedError;
+use crate::request::{
+    DecodeRow, FinishReason, Finished, NewRequest, PlanFix, PrefillChunk, RequestId, StepOutput,
+    StepPlan, UpdateResult,
+};
+
+/// Token id written into the KV manager for tokens not known yet (draft rows,
+/// and decode inputs still being sampled). Drafts are never prefix-cached.
+pub const PLACEHOLDER_TOKEN: u32 = u32::MAX;
+
+/// How many draft rows each decode request verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecMode {
+    /// No speculation.
+    #[default]
+    Off,
+    /// Every decode request verifies this many drafts (the deterministic mode).
+    Fixed(usize),
+    /// The `deepinfer-spec` planner picks draft rows per request from the
+    /// drafter's confidences reported with the previous step, at most `max_drafts`
+    /// each (set the planner with [`Scheduler::with_planner`]).
+    Budgeted {
+        /// Cap per request.
+        max_drafts: usize,
+    },
+}
+
+/// Scheduler settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    /// Most rows (tokens, drafts included) in one step.
+    pub max_num_batched_tokens: usize,
+    /// Most requests in one step.
+    pub max_num_seqs: usize,
+    /// Context limit: prompt + generated tokens.
+    pub max_model_len: usize,
+    /// Most prefill tokens of one request in one step (the per-request chunk cap).
+    pub max_chunk_tokens: usize,
+    /// Split prompts across steps; when false a prompt is scheduled whole or waits.
+    pub chunked_prefill: bool,
+    /// Step time budget in the cost model's unit (ms); needs a cost model.
+    pub step_time_budget: Option<f64>,
+    /// When the time budget leaves no room, a step that would otherwise be empty
+    /// still prefills this many tokens, so a request always makes progress.
+    pub min_chunk_tokens: usize,
+    /// Speculative rows.
+    pub spec: SpecMode,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            max_model_len: 131_072,
+            max_chunk_tokens: 8192,
+            chunked_prefill: true,
+            step_time_budget: None,
+            min_chunk_tokens: 64,
+            spec: SpecMode::Off,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    fn check(&self) -> Result<(), SchedError> {
+        for (name, v) in [
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_model_len", self.max_model_len),
+            ("max_chunk_tokens", self.max_chunk_tokens),
+            ("min_chunk_tokens", self.min_chunk_tokens),
+        ] {
+            if v == 0 {
+                return Err(SchedError::ZeroBudget(name));
+            }
+        }
+        if let Some(t) = self.step_time_budget
+            && !(t.is_finite() && t > 0.0)
+        {
+            return Err(SchedError::ZeroBudget("step_time_budget"));
+        }
+        Ok(())
+    }
+}
+
+/// Multiplicative hashing for caller-chosen u64 ids (SipHash costs more than the
+/// rest of a lookup; ids are not attacker-controlled inside an engine).
+#[derive(Default)]
+struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+type IdMap<V> = HashMap<RequestId, V, BuildHasherDefault<IdHasher>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Waiting,
+    Running,
+}
+
+#[derive(Debug, Clone)]
+struct Req {
+    id: RequestId,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_new_tokens: usize,
+    stop_tokens: Vec<u32>,
+    priority: i32,
+    arrival: u64,
+    phase: Phase,
+    /// Bumped whenever the KV sequence is dropped (preemption): rows in flight
+    /// from an older incarnation must not touch the KV manager.
+    incarnation: u32,
+    /// Tokens whose KV is computed or scheduled.
+    scheduled: usize,
+    /// Committed tokens in the KV sequence.
+    kv_len: usize,
+    /// Placeholder drafts after them.
+    kv_drafts: usize,
+    /// Row groups of this request in steps in flight.
+    inflight: u32,
+    /// A row in flight will append tokens to the history.
+    sampling_inflight: bool,
+    /// Drafter confidences from the last output (budgeted speculation).
+    confidences: Vec<f64>,
+    preempted_before: bool,
+}
+
+impl Req {
+    fn output_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WaitKey {
+    priority: i32,
+    arrival: u64,
+    slot: u32,
+    incarnation: u32,
+}
+impl Ord for WaitKey {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        // Max-heap: higher priority first, then earlier arrival.
+        self.priority
+            .cmp(&o.priority)
+            .then(o.arrival.cmp(&self.arrival))
+            .then(o.slot.cmp(&self.slot))
+    }
+}
+impl PartialOrd for WaitKey {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum RowKind {
+    Prefill {
+        start: usize,
+        len: usize,
+        samples: bool,
+    },
+    Decode {
+        position: usize,
+        drafts: usize,
+        provisional: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FlightRow {
+    slot: u32,
+    /// The request's id and unique arrival number (a freed slot may be reused).
+    id: RequestId,
+    arrival: u64,
+    incarnation: u32,
+    kind: RowKind,
+    /// Cancelled by a later update: the engine drops it, the output skips it.
+    cancelled: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Flight {
+    step: u64,
+    rows: Vec<FlightRow>,
+    features: StepFeatures,
+    num_tokens: usize,
+}
+
+/// Counters over the scheduler's life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedStats {
+    /// Steps scheduled.
+    pub steps: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// Prompt tokens served from the prefix cache at admission.
+    pub cached_tokens: u64,
+    /// Requests finished (any reason).
+    pub finished: u64,
+}
+
+/// The scheduler.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    kv: BlockManager,
+    cost: Option<PrefillCostModel>,
+    planner: Option<Planner>,
+    slots: Vec<Option<Req>>,
+    free_slots: Vec<u32>,
+    ids: IdMap<u32>,
+    waiting: BinaryHeap<WaitKey>,
+    num_waiting: usize,
+    /// Running requests by (priority desc, arrival asc); victims come off the end.
+    running: Vec<u32>,
+    flights: VecDeque<Flight>,
+    next_arrival: u64,
+    next_step: u64,
+    pending_copies: Vec<deepinfer_kv::CopyOp>,
+    pending_aborted: Vec<RequestId>,
+    pending_finished: Vec<Finished>,
+    stats: SchedStats,
+    // Scratch reused across steps.
+    deferred: Vec<WaitKey>,
+    draft_plan: Vec<usize>,
+}
+
+fn div_ceil(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+impl Scheduler {
+    /// A scheduler over a block manager.
+    pub fn new(cfg: SchedulerConfig, kv: BlockManager) -> Result<Self, SchedError> {
+        cfg.check()?;
+        if cfg.step_time_budget.is_some() && cfg.max_chunk_tokens < cfg.min_chunk_tokens {
+            return Err(SchedError::InvalidConfig(
+                "min_chunk_tokens exceeds max_chunk_tokens".into(),
+            ));
+        }
+        Ok(Self {
+            cfg,
+            kv,
+            cost: None,
+            planner: None,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            ids: IdMap::default(),
+            waiting: BinaryHeap::new(),
+            num_waiting: 0,
+            running: Vec::new(),
+            flights: VecDeque::new(),
+            next_arrival: 0,
+            next_step: 0,
+            pending_copies: Vec::new(),
+            pending_aborted: Vec::new(),
+            pending_finished: Vec::new(),
+            stats: SchedStats::default(),
+            deferred: Vec::new(),
+            draft_plan: Vec::new(),
+        })
+    }
+
+    /// Set the prefill cost model (needed by `step_time_budget`; refitted from `step_ms`).
+    pub fn with_cost_model(mut self, model: PrefillCostModel) -> Self {
+        self.cost = Some(model);
+        self
+    }
+
+    /// Set the draft planner for [`SpecMode::Budgeted`] (its step-time model is
+    /// corrected from `step_ms`).
+    pub fn with_planner(mut self, planner: Planner) -> Self {
+        self.planner = Some(planner);
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// The block manager (block tables for the engine, usage, events).
+    pub fn kv(&self) -> &BlockManager {
+        &self.kv
+    }
+
+    /// Mutable block manager (for draining events).
+    pub fn kv_mut(&mut self) -> &mut BlockManager {
+        &mut self.kv
+    }
+
+    /// The cost model, if set.
+    pub fn cost_model(&self) -> Option<&PrefillCostModel> {
+        self.cost.as_ref()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SchedStats {
+        self.stats
+    }
+
+    /// Requests waiting (including preempted ones).
+    pub fn num_waiting(&self) -> usize {
+        self.num_waiting
+    }
+
+    /// Requests running.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Steps scheduled but not yet updated.
+    pub fn num_in_flight(&self) -> usize {
+        self.flights.len()
+    }
+
+    /// Whether no request is tracked.
+    pub fn is_idle(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Token history (prompt + generated so far) of a live request.
+    pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
+        let s = *self.ids.get(&id)?;
+        self.slots[s as usize].as_ref().map(|r| r.tokens.as_slice())
+    }
+
+    fn req(&self, slot: u32) -> &Req {
+        // Slots in the queues always hold a request; see `release`.
+        self.slots[slot as usize]
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("queued slot {slot} is empty"))
+    }
+
+    fn req_mut(&mut self, slot: u32) -> &mut Req {
+        self.slots[slot as usize]
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("queued slot {slot} is empty"))
+    }
+
+    fn validate(&self, r: &NewRequest) -> Result<(), SchedError> {
+        if self.ids.contains_key(&r.id) {
+            return Err(SchedError::DuplicateRequest(r.id));
+        }
+        if r.prompt.is_empty() {
+            return Err(SchedError::EmptyPrompt(r.id));
+        }
+        if r.max_new_tokens == 0 {
+            return Err(SchedError::InvalidConfig(format!(
+                "request {}: max_new_tokens is 0",
+                r.id
+            )));
+        }
+        if r.prompt.len() >= self.cfg.max_model_len {
+            return Err(SchedError::PromptTooLong {
+                id: r.id,
+                len: r.prompt.len(),
+                limit: self.cfg.max_model_len,
+            });
+        }
+        let bs = self.kv.block_size();
+        let pool_tokens = self.kv.config().num_blocks * bs;
+        // The prompt plus the first sampled token must fit the pool.
+        if div_ceil(r.prompt.len() + 1, bs) > self.kv.config().num_blocks {
+            return Err(SchedError::PromptExceedsPool {
+                id: r.id,
+                len: r.prompt.len(),
+                pool_tokens,
+            });
+        }
+        Ok(())
+    }
+
+    /// Submit one request.
+    pub fn add_request(&mut self, r: NewRequest) -> Result<(), SchedError> {
+        self.validate(&r)?;
+        let arrival = self.next_arrival;
+        self.next_arrival += 1;
+        let req = Req {
+            id: r.id,
+            prompt_len: r.prompt.len(),
+            tokens: r.prompt,
+            max_new_tokens: r.max_new_tokens,
+            stop_tokens: r.stop_tokens,
+            priority: r.priority,
+            arrival,
+            phase: Phase::Waiting,
+            incarnation: 0,
+            scheduled: 0,
+            kv_len: 0,
+            kv_drafts: 0,
+            inflight: 0,
+            sampling_inflight: false,
+            confidences: Vec::new(),
+            preempted_before: false,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(req);
+                s
+            }
+            None => {
+                self.slots.push(Some(req));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.ids.insert(r.id, slot);
+        self.push_waiting(slot);
+        Ok(())
+    }
+
+    /// Submit a batch: each request is accepted or rejected on its own.
+    pub fn add_requests(
+        &mut self,
+        batch: impl IntoIterator<Item = NewRequest>,
+    ) -> Vec<Result<(), SchedError>> {
+        batch.into_iter().map(|r| self.add_request(r)).collect()
+    }
+
+    fn push_waiting(&mut self, slot: u32) {
+        let r = self.req_mut(slot);
+        r.phase = Phase::Waiting;
+        let key = WaitKey {
+            priority: r.priority,
+            arrival: r.arrival,
+            slot,
+            incarnation: r.incarnation,
+        };
+        self.waiting.push(key);
+        self.num_waiting += 1;
+    }
+
+    /// Drop a request from every structure but the running list (caller's job).
+    fn release(&mut self, slot: u32) -> Req {
+        let r = self.slots[slot as usize]
+            .take()
+            .unwrap_or_else(|| unreachable!("releasing empty slot {slot}"));
+        self.ids.remove(&r.id);
+        self.free_slots.push(slot);
+        r
+    }
+
+    fn free_kv(&mut self, slot: u32) {
+        let r = self.req_mut(slot);
+        let id = r.id;
+        let had = r.phase == Phase::Running;
+        r.incarnation = r.incarnation.wrapping_add(1);
+        r.scheduled = 0;
+        r.kv_len = 0;
+        r.kv_drafts = 0;
+        if had {
+            // Full computed blocks go back to the prefix cache.
+            let _ = self.kv.free(id);
+        }
+    }
+
+    /// Abort a request at any moment. Its rows in flight are ignored when their
+    /// output arrives; a pending plan's rows for it are cancelled by the next `update`.
+    pub fn abort(&mut self, id: RequestId) -> Result<(), SchedError> {
+        let slot = *self.ids.get(&id).ok_or(SchedError::UnknownRequest(id))?;
+        let phase = self.req(slot).phase;
+        self.free_kv(slot);
+        match phase {
+            Phase::Running => {
+                if let Some(i) = self.running.iter().position(|&s| s == slot) {
+                    self.running.remove(i);
+                }
+            }
+            // The heap entry goes stale (its slot's id no longer matches) and is skipped.
+            Phase::Waiting => self.num_waiting -= 1,
+        }
+        let r = self.release(slot);
+        self.stats.finished += 1;
+        self.pending_aborted.push(id);
+        self.pending_finished.push(Finished {
+            id,
+            reason: FinishReason::Aborted,
+            output: r.tokens[r.prompt_len..].to_vec(),
+        });
+        Ok(())
+    }
+
+    /// Fork a running request into a new one (parallel sampling, beam search): the
+    /// child shares every full block; the partly filled last block is copied (the
+    /// copy is reported in the next plan's `block_copies`). The parent must not be
+    /// in flight.
+    pub fn fork(&mut self, parent: RequestId, child: RequestId) -> Result<(), SchedError> {
+        let pslot = *self
+            .ids
+            .get(&parent)
+            .ok_or(SchedError::UnknownRequest(parent))?;
+        if self.ids.contains_key(&child) {
+            return Err(SchedError::DuplicateRequest(child));
+        }
+        let p = self.req(pslot);
+        if p.phase != Phase::Running || p.inflight > 0 || p.kv_drafts > 0 {
+            return Err(SchedError::InvalidConfig(format!(
+                "request {parent} can be forked only while running and not in flight"
+            )));
+        }
+        let copy = self.kv.fork(parent, child)?;
+        let mut c = self.req(pslot).clone();
+        c.id = child;
+        c.arrival = self.next_arrival;
+        self.next_arrival += 1;
+        c.incarnation = 0;
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(c);
+                s
+            }
+            None => {
+                self.slots.push(Some(c));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.ids.insert(child, slot);
+        self.insert_running(slot);
+        self.pending_copies.extend(copy);
+        Ok(())
+    }
+
+    fn insert_running(&mut self, slot: u32) {
+        let (p, a) = {
+            let r = self.req(slot);
+            (r.priority, r.arrival)
+        };
+        // Usually appends (admission order is queue order); a higher-priority
+        // arrival is inserted in place.
+        let mut i = self.running.len();
+        while i > 0 {
+            let o = self.req(self.running[i - 1]);
+            if (o.priority, std::cmp::Reverse(o.arrival)) >= (p, std::cmp::Reverse(a)) {
+                break;
+            }
+            i -= 1;
+        }
+        self.running.insert(i, slot);
+        self.req_mut(slot).phase = Phase::Running;
+    }
+
+    /// Preempt by recompute: free the KV (full blocks stay cached), requeue.
+    fn preempt(&mut self, slot: u32, out: &mut Vec<RequestId>) {
+        self.free_kv(slot);
+        let r = self.req_mut(slot);
+        r.preempted_before = true;
+        r.kv_drafts = 0;
+        let id = r.id;
+        self.push_waiting(slot);
+        self.stats.preemptions += 1;
+        out.push(id);
+    }
+
+    fn drafts_for(&self, r: &Req, k_plan: usize) -> usize {
+        // Drafts past the token limit or the context are wasted rows.
+        let left_new = r.max_new_tokens.saturating_sub(r.output_len() + 1);
+        let left_ctx = self.cfg.max_model_len.saturating_sub(r.tokens.len() + 1);
+        k_plan.min(left_new).min(left_ctx)
+    }
+
+    /// Plan the next step. With one step in flight this is overlapped
+    /// scheduling: requests whose next input is being sampled get provisional
+    /// decode rows, fixed by the `update` of the step in flight.
+    pub fn schedule(&mut self) -> Result<StepPlan, SchedError> {
+        if self.flights.len() >= 2 {
+            return Err(SchedError::TooManyInFlight);
+        }
+        let step = self.next_step;
+        self.next_step += 1;
+        self.stats.steps += 1;
+        let mut plan = StepPlan {
+            step,
+            block_copies: std::mem::take(&mut self.pending_copies),
+            aborted: std::mem::take(&mut self.pending_aborted),
+            ..Default::default()
+        };
+        let mut prefill_rows: Vec<FlightRow> = Vec::new();
+        let mut decode_rows: Vec<FlightRow> = Vec::with_capacity(self.running.len());
+        let mut features = StepFeatures::default();
+        let mut tokens_left = self.cfg.max_num_batched_tokens;
+        let mut seqs_left = self.cfg.max_num_seqs;
+        // Blocks promised to provisional rows materialised at the next update.
+        let mut reserved_blocks = 0usize;
+        let time_budget = self.cfg.step_time_budget.filter(|_| self.cost.is_some());
+        let coef = self.cost.as_ref().map(|c| c.coefficients());
+        let mut time_left = match (time_budget, coef) {
+            (Some(t), Some(c)) => t - c.d,
+            _ => f64::INFINITY,
+        };
+
+        self.plan_drafts();
+
+        // Running requests first, in priority / arrival order.
+        let mut i = 0;
+        while i < self.running.len() {
+            if seqs_left == 0 || tokens_left == 0 {
+                break;
+            }
+            let slot = self.running[i];
+            let r = self.req(slot);
+            let known = r.tokens.len();
+            if r.scheduled + 1 < known {
+                // Prefill (or recompute) chunk.
+                let start = r.scheduled;
+                let remaining = known - start;
+                let q = self.chunk_len(
+                    start,
+                    remaining,
+                    tokens_left,
+                    time_left,
+                    prefill_rows.is_empty() && decode_rows.is_empty(),
+                );
+                if q == 0 {
+                    i += 1;
+                    continue;
+                }
+                let incarnation = r.incarnation;
+                let id = r.id;
+                let arrival = r.arrival;
+                let samples = start + q == known;
+                let r = self.req_mut(slot);
+                r.scheduled += q;
+                r.inflight += 1;
+                r.sampling_inflight = samples;
+                features.add(q, start);
+                if let Some(c) = coef {
+                    time_left -= c.chunk(q, start);
+                }
+                tokens_left -= q;
+                seqs_left -= 1;
+                plan.prefill.push(PrefillChunk {
+                    request: id,
+                    start,
+                    len: q,
+                    samples,
+                });
+                prefill_rows.push(FlightRow {
+                    slot,
+                    id,
+                    arrival,
+                    incarnation,
+                    kind: RowKind::Prefill {
+                        start,
+                        len: q,
+                        samples,
+                    },
+                    cancelled: false,
+                });
+                i += 1;
+                continue;
+            }
+            let provisional = r.scheduled == known;
+            if provisional && !r.sampling_inflight {
+                // Nothing to do until its rows in flight land (a non-sampling chunk).
+                i += 1;
+                continue;
+            }
+            if provisional && r.inflight > 1 {
+                i += 1;
+                continue;
+            }
+            // Decode row: input at `known - 1`, or a placeholder at `known` when the
+            // input is being sampled by the step in flight.
+            let position = if provisional { known } else { known - 1 };
+            let k_plan = self.draft_plan.get(i).copied().unwrap_or(0);
+            let k = self.drafts_for(r, k_plan).min(tokens_left - 1);
+            let id = r.id;
+            let arrival = r.arrival;
+            let incarnation = r.incarnation;
+            // KV slots: append now when the input is known, else reserve.
+            let ok = if provisional {
+                // After the update the sequence holds at most its current tokens
+                // (drafts in flight included) plus these rows.
+                let need = self.kv.blocks_needed_to_append(id, 1 + k)?;
+                if need + reserved_blocks <= self.kv.pool().num_free() {
+                    reserved_blocks += need;
+                    true
+                } else {
+                    false
+                }
+            } else {
+                self.append_rows(slot, k, reserved_blocks)
+            };
+            if !ok {
+                // Out of blocks: preempt the lowest-priority newest request
+                // (possibly this one) and retry.
+                let victim = *self.running.last().unwrap_or(&slot);
+                self.running.pop();
+                self.preempt(victim, &mut plan.preempted);
+                if victim == slot {
+                    break;
+                }
+                continue;
+            }
+            let r = self.req_mut(slot);
+            if !provisional {
+                r.scheduled = known;
+            }
+            r.inflight += 1;
+            r.sampling_inflight = true;
+            features.add(1 + k, position);
+            if let Some(c) = coef {
+                time_left -= c.chunk(1 + k, position);
+            }
+            tokens_left -= 1 + k;
+            seqs_left -= 1;
+            plan.decode.push(DecodeRow {
+                request: id,
+                position,
+                drafts: k,
+                provisional,
+            });
+            decode_rows.push(FlightRow {
+                slot,
+                id,
+                arrival,
+                incarnation,
+                kind: RowKind::Decode {
+                    position,
+                    drafts: k,
+                    provisional,
+                },
+                cancelled: false,
+            });
+            i += 1;
+        }
+
+        // Then waiting requests, in priority / arrival order, while budget and blocks last.
+        while seqs_left > 0 && tokens_left > 0 {
+            let Some(key) = self.waiting.pop() else { break };
+            let live = self.slots[key.slot as usize]
+                .as_ref()
+                .is_some_and(|r| r.incarnation == key.incarnation && r.phase == Phase::Waiting);
+            if !live {
+                continue;
+            }
+            self.num_waiting -= 1;
+            let r = self.req(key.slot);
+            if r.inflight > 0 {
+                // Preempted while a step in flight still produces its tokens.
+                self.deferred.push(key);
+                continue;
+            }
+            let id = r.id;
+            let known = r.tokens.len();
+            let recompute = r.preempted_before;
+            let watermark = if self.running.is_empty() {
+                0
+            } else {
+                self.kv.watermark_blocks()
+            };
+            let tokens = self.slots[key.slot as usize]
+                .as_ref()
+                .map_or(&[][..], |r| r.tokens.as_slice());
+            let alloc = self.kv.allocate(
+                id,
+                tokens,
+                AllocateOptions {
+                    recompute_after_preemption: recompute,
+                    ..Default::default()
+                },
+            );
+            let reused = match alloc {
+                Ok(a) => a.plan.reused_tokens,
+                Err(KvError::OutOfBlocks { .. }) => {
+                    self.deferred.push(key);
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if self.kv.pool().num_free() < reserved_blocks + watermark {
+                let _ = self.kv.free(id);
+                self.deferred.push(key);
+                break;
+            }
+            let remaining = known - reused;
+            let mut q = self.chunk_len(
+                reused,
+                remaining,
+                tokens_left,
+                time_left,
+                prefill_rows.is_empty() && decode_rows.is_empty(),
+            );
+            if !self.cfg.chunked_prefill && q < remaining {
+                q = 0;
+            }
+            if q == 0 {
+                let _ = self.kv.free(id);
+                self.deferred.push(key);
+                break;
+            }
+            self.stats.cached_tokens += reused as u64;
+            let samples = reused + q == known;
+            let r = self.req_mut(key.slot);
+            r.kv_len = known;
+            r.kv_drafts = 0;
+            r.scheduled = reused + q;
+            r.inflight += 1;
+            r.sampling_inflight = samples;
+            let incarnation = r.incarnation;
+            self.insert_running(key.slot);
+            features.add(q, reused);
+            if let Some(c) = coef {
+                time_left -= c.chunk(q, reused);
+            }
+            tokens_left -= q;
+            seqs_left -= 1;
+            plan.prefill.push(PrefillChunk {
+                request: id,
+                start: reused,
+                len: q,
+                samples,
+            });
+            prefill_rows.push(FlightRow {
+                slot: key.slot,
+                id,
+                arrival: key.arrival,
+                incarnation,
+                kind: RowKind::Prefill {
+                    start: reused,
+                    len: q,
+                    samples,
+                },
+                cancelled: false,
+            });
+        }
+        for k in self.deferred.drain(..) {
+            self.waiting.push(k);
+            self.num_waiting += 1;
+        }
+
+        plan.num_tokens = self.cfg.max_num_batched_tokens - tokens_left;
+        plan.predicted_ms = coef.map(|c| c.step(&features));
+        prefill_rows.extend_from_slice(&decode_rows);
+        self.flights.push_back(Flight {
+            step,
+            rows: prefill_rows,
+            features,
+            num_tokens: plan.num_tokens,
+        });
+        Ok(plan)
+    }
+
+    /// Chunk length for a prefill from `start` with `remaining` tokens left.
+    fn chunk_len(
+        &self,
+        start: usize,
+        remaining: usize,
+        tokens_left: usize,
+        time_left: f64,
+        step_empty: bool,
+    ) -> usize {
+        let cap = remaining.min(self.cfg.max_chunk_tokens).min(tokens_left);
+        if cap == 0 || self.cfg.step_time_budget.is_none() {
+            return cap;
+        }
+        let Some(c) = &self.cost else { return cap };
+        let q = c.coefficients().max_chunk(start, time_left, cap);
+        if q == 0 && step_empty {
+            // Progress floor: a budget too small for anything still moves the prompt.
+            return self.cfg.min_chunk_tokens.min(cap);
+        }
+        if !self.cfg.chunked_prefill && q < remaining && step_empty {
+            return cap;
+        }
+        q
+    }
+
+    /// Append the known input token and `k` placeholder drafts of a decode row.
+    fn append_rows(&mut self, slot: u32, k: usize, reserved: usize) -> bool {
+        let r = self.req(slot);
+        let id = r.id;
+        let input = r.tokens[r.tokens.len() - 1];
+        let need = match self.kv.blocks_needed_to_append(id, 1 + k) {
+            Ok(n) => n,
+            Err(_) => return false,
+        };
+        if need + reserved > self.kv.pool().num_free() {
+            return false;
+        }
+        let mut slots = Vec::new();
+        if self.kv.append(id, &[input], &mut slots).is_err() {
+            return false;
+        }
+        if k > 0 {
+            let drafts = [PLACEHOLDER_TOKEN; 16];
+            let mut left = k;
+            while left > 0 {
+                let n = left.min(drafts.len());
+                if self.kv.append_draft(id, &drafts[..n], &mut slots).is_err() {
+                    break;
+                }
+                left -= n;
+            }
+        }
+        let r = self.req_mut(slot);
+        r.kv_len += 1;
+        r.kv_drafts = k;
+        true
+    }
+
+    /// Draft rows per running request (indexed like `running`) for this step.
+    fn plan_drafts(&mut self) {
+        self.draft_plan.clear();
+        match self.cfg.spec {
+            SpecMode::Off => {}
+            SpecMode::Fixed(n) => self.draft_plan.resize(self.running.len(), n),
+            SpecMode::Budgeted { max_drafts } => {
+                self.draft_plan.resize(self.running.len(), 0);
+                let Some(planner) = self.planner.as_mut() else {
+                    return;
+                };
+                let mut which = Vec::new();
+                let mut confs: Vec<&[f64]> = Vec::new();
+                for (i, &s) in self.running.iter().enumerate() {
+                    let Some(r) = self.slots[s as usize].as_ref() else {
+                        continue;
+                    };
+                    if r.scheduled + 1 >= r.tokens.len() {
+                        which.push(i);
+                        let n = r.confidences.len().min(max_drafts);
+                        confs.push(&r.confidences[..n]);
+                    }
+                }
+                if confs.is_empty() {
+                    return;
+                }
+                // A planner error (batch above its table, bad confidences) means no drafts.
+                if let Ok(p) = planner.plan(&confs) {
+                    for (j, &i) in which.iter().enumerate() {
+                        self.draft_plan[i] = p.draft_rows[j];
+                    }
+                }
+            }
+        }
+    }
+
+    /// Feed the output of the oldest step in flight: append tokens, check stops,
+    /// commit accepted drafts and roll back rejected ones, free finished requests,
+    /// refit the cost models, and reconcile the plan still pending (if any).
+    pub fn update(&mut self, out: &StepOutput) -> Result<UpdateResult, SchedError> {
+        let flight = self.flights.front().ok_or(SchedError::NoStepInFlight)?;
+        if out.step != flight.step {
+            return Err(SchedError::OutputMismatch(format!(
+                "output of step {} but step {} is oldest in flight",
+                out.step, flight.step
+            )));
+        }
+        let live_rows = flight.rows.iter().filter(|r| !r.cancelled).count();
+        if out.rows.len() != live_rows {
+            return Err(SchedError::OutputMismatch(format!(
+                "{} row groups for a plan of {live_rows}",
+                out.rows.len()
+            )));
+        }
+        let ntok: usize = out.rows.iter().map(|r| r.num_tokens as usize).sum();
+        let nconf: usize = out.rows.iter().map(|r| r.num_confidences as usize).sum();
+        if ntok != out.tokens.len() || nconf != out.confidences.len() {
+            return Err(SchedError::OutputMismatch(
+                "row counts do not match the flat buffers".into(),
+            ));
+        }
+        // Check every row before changing anything, so a bad output is rejected whole.
+        for (j, (fr, o)) in flight
+            .rows
+            .iter()
+            .filter(|r| !r.cancelled)
+            .zip(&out.rows)
+            .enumerate()
+        {
+            let n = o.num_tokens as usize;
+            let (min, max) = match fr.kind {
+                RowKind::Prefill { samples, .. } => (usize::from(samples), usize::from(samples)),
+                RowKind::Decode { drafts, .. } => (1, 1 + drafts),
+            };
+            if o.request != fr.id || n < min || n > max {
+                return Err(SchedError::OutputMismatch(format!(
+                    "row {j} expected request {} with {min}..={max} tokens, got {} with {n}",
+                    fr.id, o.request
+                )));
+            }
+        }
+        let Some(flight) = self.flights.pop_front() else {
+            return Err(SchedError::NoStepInFlight);
+        };
+        let mut res = UpdateResult::default();
+        let (mut tok_at, mut conf_at) = (0usize, 0usize);
+        let mut any_finished = false;
+        let mut j = 0;
+        for fr in flight.rows.iter() {
+            if fr.cancelled {
+                continue;
+            }
+            let o = out.rows[j];
+            j += 1;
+            let toks = &out.tokens[tok_at..tok_at + o.num_tokens as usize];
+            tok_at += o.num_tokens as usize;
+            let confs = &out.confidences[conf_at..conf_at + o.num_confidences as usize];
+            conf_at += o.num_confidences as usize;
+            // Aborted meanwhile (slot freed or reused by another request): ignore.
+            let Some(r) = self.slots[fr.slot as usize].as_mut() else {
+                continue;
+            };
+            if r.arrival != fr.arrival {
+                continue;
+            }
+            r.inflight -= 1;
+            let same_kv = r.incarnation == fr.incarnation && r.phase == Phase::Running;
+            match fr.kind {
+                RowKind::Prefill { start, len, .. } => {
+                    if same_kv {
+                        self.kv.mark_computed(r.id, start + len)?;
+                    }
+                }
+                RowKind::Decode { drafts, .. } => {
+                    let accepted = toks.len().saturating_sub(1).min(drafts);
+                    if same_kv {
+                        let reject = r.kv_drafts.min(drafts) - accepted.min(r.kv_drafts);
+                        if reject > 0
+                            && let Some(c) = self.kv.rollback(r.id, reject)?
+                        {
+                            self.pending_copies.push(c);
+                        }
+                        if r.kv_drafts > 0 {
+                            // Accepted drafts keep their slots (see PLACEHOLDER_TOKEN).
+                            self.kv.accept_drafts(r.id)?;
+                        }
+                        r.kv_len += accepted;
+                        r.kv_drafts = 0;
+                        // Accepted drafts were computed by this step.
+                        r.scheduled += accepted;
+                        self.kv.mark_computed(r.id, r.kv_len)?;
+                    }
+                }
+            }
+            if r.inflight == 0 {
+                r.sampling_inflight = false;
+            }
+            if toks.is_empty() {
+                continue;
+            }
+            r.confidences.clear();
+            r.confidences.extend_from_slice(confs);
+            // Append tokens up to the first stop, the token limit or the context limit.
+            let mut reason = None;
+            for &t in toks {
+                r.tokens.push(t);
+                if r.stop_tokens.contains(&t) {
+                    reason = Some(FinishReason::Stop);
+                } else if r.output_len() >= r.max_new_tokens
+                    || r.tokens.len() >= self.cfg.max_model_len
+                {
+                    reason = Some(FinishReason::Length);
+                }
+                if reason.is_some() {
+                    break;
+                }
+            }
+            if reason.is_none() && o.stop {
+                reason = Some(FinishReason::Stop);
+            }
+            if let Some(reason) = reason {
+                let slot = fr.slot;
+                let phase = r.phase;
+                self.free_kv(slot);
+                if phase == Phase::Waiting {
+                    // Preempted while in flight: its heap entry goes stale.
+                    self.num_waiting -= 1;
+                } else {
+                    any_finished = true;
+                }
+                let r = self.release(slot);
+                self.stats.finished += 1;
+                res.finished.push(Finished {
+                    id: r.id,
+                    reason,
+                    output: r.tokens[r.prompt_len..].to_vec(),
+                });
+            }
+        }
+        if any_finished {
+            let slots = &self.slots;
+            self.running.retain(|&s| slots[s as usize].is_some());
+        }
+
+        // Cost models learn from the measured step.
+        if let Some(ms) = out.step_ms {
+            if let Some(c) = self.cost.as_mut() {
+                c.observe(StepSample {
+                    features: flight.features,
+                    time: ms,
+                })?;
+            }
+            if let Some(p) = self.planner.as_mut()
+                && flight.num_tokens > 0
+            {
+                let _ = p.observe(flight.num_tokens, ms);
+            }
+        }
+
+        self.reconcile_pending(&mut res);
+        res.finished.append(&mut self.pending_finished);
+        Ok(res)
+    }
+
+    /// Materialise the provisional rows of the plan still pending, now that the
+    /// tokens of the step before it are known.
+    fn reconcile_pending(&mut self, res: &mut UpdateResult) {
+        let Some(mut pending) = self.flights.pop_front() else {
+            return;
+        };
+        let mut removed_tokens = 0;
+        for k in 0..pending.rows.len() {
+            let fr = pending.rows[k];
+            if fr.cancelled {
+                continue;
+            }
+            let same_req = self.slots[fr.slot as usize]
+                .as_ref()
+                .is_some_and(|r| r.arrival == fr.arrival);
+            let alive = same_req
+                && self.req(fr.slot).incarnation == fr.incarnation
+                && self.req(fr.slot).phase == Phase::Running;
+            if !alive {
+                // Finished, aborted or preempted: its rows must not run.
+                pending.rows[k].cancelled = true;
+                if same_req {
+                    let r = self.req_mut(fr.slot);
+                    r.inflight = r.inflight.saturating_sub(1);
+                    if r.inflight == 0 {
+                        r.sampling_inflight = false;
+                    }
+                }
+                removed_tokens += match fr.kind {
+                    RowKind::Prefill { len, .. } => len,
+                    RowKind::Decode { drafts, .. } => 1 + drafts,
+                };
+                res.fixes.push(PlanFix::Cancel(fr.id));
+                continue;
+            }
+            let RowKind::Decode {
+                position,
+                drafts,
+                provisional: true,
+            } = fr.kind
+            else {
+                continue;
+            };
+            let known = self.req(fr.slot).tokens.len();
+            let actual = known - 1;
+            if self.append_rows(fr.slot, drafts, 0) {
+                let r = self.req_mut(fr.slot);
+                r.scheduled = known;
+                pending.rows[k].kind = RowKind::Decode {
+                    position: actual,
+                    drafts,
+                    provisional: false,
+                };
+                let id = r.id;
+                if actual != position {
+                    res.fixes.push(PlanFix::Position {
+                        request: id,
+                        position: actual,
+                    });
+                }
+            } else {
+                // The reservation should make this unreachable; stay safe anyway.
+                pending.rows[k].cancelled = true;
+                removed_tokens += 1 + drafts;
+                let id = self.req(fr.slot).id;
+                res.fixes.push(PlanFix::Cancel(id));
+                let r = self.req_mut(fr.slot);
+                r.inflight = r.inflight.saturating_sub(1);
+                r.sampling_inflight = false;
+                if let Some(i) = self.running.iter().position(|&s| s == fr.slot) {
+                    self.running.remove(i);
+                }
+                self.preempt(fr.slot, &mut res.preempted);
+            }
+        }
+        pending.num_tokens -= removed_tokens;
+        self.flights.push_front(pending);
+    }
+}

@@ -1,0 +1,222 @@
+//! Scheduler behaviour on hand-made cases.
+
+mod common;
+use common::*;
+use deepinfer_sched::{
+    FinishReason, NewRequest, SchedError, Scheduler, SchedulerConfig, SpecMode, StepOutput,
+};
+
+fn cfg() -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_batched_tokens: 64,
+        max_num_seqs: 8,
+        max_model_len: 1024,
+        max_chunk_tokens: 32,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn single_request_chunks_then_decodes() {
+    let mut s = scheduler(cfg(), 64, 16);
+    s.add_request(req(1, 70, 5)).unwrap();
+    let p = s.schedule().unwrap();
+    assert_eq!(p.prefill.len(), 1);
+    assert_eq!((p.prefill[0].start, p.prefill[0].len), (0, 32));
+    assert!(!p.prefill[0].samples);
+    let res = s.update(&run(&p, &s)).unwrap();
+    assert!(res.finished.is_empty());
+    let p = s.schedule().unwrap();
+    assert_eq!((p.prefill[0].start, p.prefill[0].len), (32, 32));
+    s.update(&run(&p, &s)).unwrap();
+    let p = s.schedule().unwrap();
+    assert_eq!(
+        (p.prefill[0].start, p.prefill[0].len, p.prefill[0].samples),
+        (64, 6, true)
+    );
+    s.update(&run(&p, &s)).unwrap();
+    let p = s.schedule().unwrap();
+    assert!(p.prefill.is_empty());
+    assert_eq!(p.decode.len(), 1);
+    assert_eq!(p.decode[0].position, 70);
+    s.update(&run(&p, &s)).unwrap();
+    let (done, _) = drive_sync(&mut s, 100);
+    check_outputs(&done, &[(1, 70, 5)]);
+}
+
+#[test]
+fn bad_requests_are_rejected_and_the_rest_continue() {
+    let mut s = scheduler(cfg(), 8, 16);
+    let res = s.add_requests(vec![
+        req(1, 10, 3),
+        req(1, 10, 3),
+        NewRequest::new(2, vec![], 3),
+        req(3, 2000, 3),
+        req(4, 200, 3),
+        req(5, 10, 0),
+        req(6, 12, 3),
+    ]);
+    assert!(res[0].is_ok());
+    assert_eq!(res[1], Err(SchedError::DuplicateRequest(1)));
+    assert_eq!(res[2], Err(SchedError::EmptyPrompt(2)));
+    assert!(matches!(
+        res[3],
+        Err(SchedError::PromptTooLong { id: 3, .. })
+    ));
+    assert!(matches!(
+        res[4],
+        Err(SchedError::PromptExceedsPool { id: 4, .. })
+    ));
+    assert!(res[5].is_err());
+    assert!(res[6].is_ok());
+    let (done, _) = drive_sync(&mut s, 100);
+    check_outputs(&done, &[(1, 10, 3), (6, 12, 3)]);
+}
+
+#[test]
+fn zero_budgets_are_errors() {
+    for f in [
+        |c: &mut SchedulerConfig| c.max_num_batched_tokens = 0,
+        |c: &mut SchedulerConfig| c.max_num_seqs = 0,
+        |c: &mut SchedulerConfig| c.max_model_len = 0,
+        |c: &mut SchedulerConfig| c.max_chunk_tokens = 0,
+        |c: &mut SchedulerConfig| c.step_time_budget = Some(0.0),
+    ] {
+        let mut c = cfg();
+        f(&mut c);
+        assert!(matches!(
+            Scheduler::new(c, kv(8, 16)),
+            Err(SchedError::ZeroBudget(_))
+        ));
+    }
+}
+
+#[test]
+fn abort_at_any_moment() {
+    let mut s = scheduler(cfg(), 64, 16);
+    for id in 1..=3 {
+        s.add_request(req(id, 40, 10)).unwrap();
+    }
+    // Abort a waiting request.
+    s.abort(3).unwrap();
+    let p = s.schedule().unwrap();
+    assert_eq!(p.aborted, vec![3]);
+    // Abort a request in flight: its output is ignored.
+    s.abort(1).unwrap();
+    let res = s.update(&run(&p, &s)).unwrap();
+    let aborted: Vec<_> = res
+        .finished
+        .iter()
+        .filter(|f| f.reason == FinishReason::Aborted)
+        .map(|f| f.id)
+        .collect();
+    assert_eq!(aborted, vec![3, 1]);
+    assert_eq!(s.abort(1), Err(SchedError::UnknownRequest(1)));
+    let (done, _) = drive_sync(&mut s, 100);
+    check_outputs(&done, &[(2, 40, 10)]);
+    assert_eq!(s.kv().usage().used, 0);
+}
+
+#[test]
+fn stop_token_and_engine_stop_finish() {
+    let mut s = scheduler(cfg(), 64, 16);
+    let mut r = req(1, 10, 50);
+    r.stop_tokens = vec![token(1, 13)];
+    s.add_request(r).unwrap();
+    s.add_request(req(2, 10, 50)).unwrap();
+    let mut done = Vec::new();
+    for _ in 0..20 {
+        if s.is_idle() {
+            break;
+        }
+        let p = s.schedule().unwrap();
+        let mut out = run(&p, &s);
+        // The engine reports a stop string for request 2 at its 3rd token.
+        for (row, id) in out.rows.iter_mut().zip(p.requests()) {
+            if id == 2 && s.tokens(2).unwrap().len() == 12 {
+                row.stop = true;
+            }
+        }
+        done.extend(s.update(&out).unwrap().finished);
+    }
+    let f1 = done.iter().find(|f| f.id == 1).unwrap();
+    assert_eq!(f1.reason, FinishReason::Stop);
+    assert_eq!(f1.output, expected_output(1, 10, 4));
+    let f2 = done.iter().find(|f| f.id == 2).unwrap();
+    assert_eq!(f2.reason, FinishReason::Stop);
+    assert_eq!(f2.output.len(), 3);
+}
+
+#[test]
+fn output_mismatch_is_rejected_whole() {
+    let mut s = scheduler(cfg(), 64, 16);
+    s.add_request(req(1, 10, 3)).unwrap();
+    let p = s.schedule().unwrap();
+    let mut out = StepOutput::new(p.step);
+    out.push(99, &[1], false);
+    assert!(matches!(s.update(&out), Err(SchedError::OutputMismatch(_))));
+    // The correct output still applies afterwards.
+    s.update(&run(&p, &s)).unwrap();
+    assert_eq!(s.update(&run(&p, &s)), Err(SchedError::NoStepInFlight));
+}
+
+#[test]
+fn prefix_hit_skips_cached_blocks() {
+    let mut s = scheduler(cfg(), 64, 16);
+    s.add_request(NewRequest::new(1, shared_prompt(1, 48, 60), 2))
+        .unwrap();
+    drive_sync(&mut s, 100);
+    s.add_request(NewRequest::new(2, shared_prompt(2, 48, 60), 2))
+        .unwrap();
+    let p = s.schedule().unwrap();
+    assert_eq!(p.prefill[0].start, 48, "{p:?}");
+    assert_eq!(s.stats().cached_tokens, 48);
+}
+
+#[test]
+fn fixed_speculation_rolls_back_rejected_drafts() {
+    let mut c = cfg();
+    c.spec = SpecMode::Fixed(3);
+    let mut s = scheduler(c, 64, 16);
+    s.add_request(req(1, 20, 30)).unwrap();
+    s.add_request(req(2, 5, 17)).unwrap();
+    let (done, plans) = drive_sync(&mut s, 200);
+    check_outputs(&done, &[(1, 20, 30), (2, 5, 17)]);
+    assert!(plans.iter().any(|p| p.decode.iter().any(|d| d.drafts == 3)));
+    assert_eq!(s.kv().usage().used, 0);
+}
+
+#[test]
+fn fork_copies_the_partial_block() {
+    let mut s = scheduler(cfg(), 64, 16);
+    s.add_request(req(1, 20, 30)).unwrap();
+    let p = s.schedule().unwrap();
+    s.update(&run(&p, &s)).unwrap();
+    s.fork(1, 2).unwrap();
+    assert_eq!(s.fork(1, 2), Err(SchedError::DuplicateRequest(2)));
+    let p = s.schedule().unwrap();
+    assert_eq!(p.block_copies.len(), 1);
+    assert_eq!(p.decode.len(), 2);
+    s.update(&run(&p, &s)).unwrap();
+    let (done, _) = drive_sync(&mut s, 200);
+    assert_eq!(done.len(), 2);
+}
+
+#[test]
+fn overlapped_matches_sync_on_a_simple_batch() {
+    let mk = || {
+        let mut s = scheduler(cfg(), 64, 16);
+        for id in 1..=5 {
+            s.add_request(req(id, 10 + 7 * id as usize, 3 + id as usize))
+                .unwrap();
+        }
+        s
+    };
+    let (a, _) = drive_sync(&mut mk(), 500);
+    let (b, _) = drive_async(&mut mk(), 500);
+    let reqs: Vec<_> = (1..=5)
+        .map(|id| (id, 10 + 7 * id as usize, 3 + id as usize))
+        .collect();
+    check_outputs(&a, &reqs);
+    check_outputs(&b, &reqs);
+}
