@@ -1,0 +1,164 @@
+//! Criterion benches: the 256 x 129,280 sampling case against the streaming
+//! memory floor and a sort-based baseline (same group), and verification of
+//! 256 rows x 5 drafts.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use deepinfer_sample::reference::sample_sorted;
+use deepinfer_sample::{
+    SampleRequest, SamplingParams, VerifyMode, VerifyRequest, sample_batch, verify_batch,
+};
+use rayon::prelude::*;
+
+const ROWS: usize = 256;
+const VOCAB: usize = 129_280;
+const DRAFTS: usize = 5;
+
+/// Deterministic pseudo-normal logits (sum of four uniforms, scaled).
+fn logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 40) as f32 / (1u64 << 24) as f32
+    };
+    (0..n)
+        .map(|_| (next() + next() + next() + next() - 2.0) * 6.0)
+        .collect()
+}
+
+/// One streaming pass that sums each row (8 lanes so it vectorises).
+fn row_sum(row: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for c in row.chunks_exact(8) {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + row.chunks_exact(8).remainder().iter().sum::<f32>()
+}
+
+fn bench_sample(c: &mut Criterion) {
+    let data = logits(ROWS * VOCAB, 1);
+    let params: Vec<SamplingParams> = (0..ROWS)
+        .map(|i| SamplingParams {
+            temperature: 0.7,
+            top_k: 50,
+            top_p: 0.9,
+            seed: i as u64,
+            ..SamplingParams::default()
+        })
+        .collect();
+    let reqs: Vec<SampleRequest<'_, f32>> = data
+        .chunks_exact(VOCAB)
+        .zip(&params)
+        .map(|(row, p)| SampleRequest {
+            logits: row,
+            mask: None,
+            history: &[],
+            position: 100,
+            params: p,
+        })
+        .collect();
+    let mut g = c.benchmark_group("sample_256x129280_topk50_topp0.9");
+    g.sample_size(10).measurement_time(Duration::from_secs(3));
+    g.bench_function("streaming_sum_floor", |b| {
+        b.iter(|| {
+            let s: Vec<f32> = data.par_chunks_exact(VOCAB).map(row_sum).collect();
+            black_box(s)
+        })
+    });
+    g.bench_function("sampler", |b| b.iter(|| black_box(sample_batch(&reqs))));
+    g.bench_function("sort_baseline", |b| {
+        b.iter(|| {
+            let r: Vec<_> = reqs.par_iter().map(sample_sorted).collect();
+            black_box(r)
+        })
+    });
+    g.finish();
+}
+
+fn bench_verify(c: &mut Criterion) {
+    // 8 distinct target blocks shared by the 256 rows keep memory modest
+    // (each row still reads its whole (n+1) x V block).
+    const BLOCKS: usize = 8;
+    let targets: Vec<Vec<f32>> = (0..BLOCKS)
+        .map(|b| logits((DRAFTS + 1) * VOCAB, 10 + b as u64))
+        .collect();
+    // Draft distribution: softmax of perturbed target logits.
+    let drafts: Vec<Vec<f32>> = targets
+        .iter()
+        .enumerate()
+        .map(|(b, t)| {
+            let noise = logits(DRAFTS * VOCAB, 100 + b as u64);
+            let mut q = Vec::with_capacity(DRAFTS * VOCAB);
+            for (row, nrow) in t.chunks_exact(VOCAB).zip(noise.chunks_exact(VOCAB)) {
+                let z: Vec<f32> = row
+                    .iter()
+                    .zip(nrow)
+                    .map(|(a, n)| a / 0.7 + 0.1 * n)
+                    .collect();
+                let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = z.iter().map(|v| (v - m).exp()).collect();
+                let s: f32 = e.iter().sum();
+                q.extend(e.iter().map(|v| v / s));
+                if q.len() == DRAFTS * VOCAB {
+                    break;
+                }
+            }
+            q
+        })
+        .collect();
+    let draft_tokens: Vec<Vec<u32>> = drafts
+        .iter()
+        .map(|q| {
+            q.chunks_exact(VOCAB)
+                .map(|r| {
+                    let mut best = 0;
+                    for (i, &v) in r.iter().enumerate() {
+                        if v > r[best] {
+                            best = i;
+                        }
+                    }
+                    best as u32
+                })
+                .collect()
+        })
+        .collect();
+    let params: Vec<SamplingParams> = (0..ROWS)
+        .map(|i| SamplingParams {
+            temperature: 0.7,
+            top_k: 50,
+            top_p: 0.9,
+            seed: i as u64,
+            ..SamplingParams::default()
+        })
+        .collect();
+    let mut g = c.benchmark_group("verify_256rows_x5drafts_v129280");
+    g.sample_size(10).measurement_time(Duration::from_secs(3));
+    for mode in [VerifyMode::Stochastic, VerifyMode::Greedy] {
+        let reqs: Vec<VerifyRequest<'_, f32>> = (0..ROWS)
+            .map(|i| VerifyRequest {
+                target_logits: &targets[i % BLOCKS],
+                vocab: VOCAB,
+                draft_tokens: &draft_tokens[i % BLOCKS],
+                draft_probs: Some(&drafts[i % BLOCKS]),
+                masks: None,
+                history: &[],
+                position: 1000,
+                params: &params[i],
+                mode,
+            })
+            .collect();
+        g.bench_function(format!("{mode:?}"), |b| {
+            b.iter(|| black_box(verify_batch(&reqs)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_sample, bench_verify);
+criterion_main!(benches);

@@ -1,0 +1,258 @@
+//! One row: logits → filtered fixed-point distribution → token and
+//! log-probabilities.
+
+use crate::error::SampleError;
+use crate::filter::{Cand, best, gather, rank, top_k, top_p_need, weigh, weighted_prefix};
+use crate::fixed_point::{det_exp, pick};
+use crate::logits::{Adjust, LogitValue, Row, build_adjustments, check_shape};
+use crate::params::{LogprobSource, SamplingParams};
+use crate::rng::{DrawKind, PhiloxStream};
+
+/// Everything needed to sample one row.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleRequest<'a, L> {
+    /// The row's logits (one per vocabulary entry).
+    pub logits: &'a [L],
+    /// Grammar bitmask, `ceil(V / 32)` words; bit set = token allowed.
+    pub mask: Option<&'a [u32]>,
+    /// Tokens the penalties count (usually the generated ones).
+    pub history: &'a [u32],
+    /// Position of the token being sampled (selects the random stream).
+    pub position: u64,
+    /// Sampling parameters (including the seed).
+    pub params: &'a SamplingParams,
+}
+
+/// A sampled token and its log-probabilities.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleOutput {
+    /// The chosen token.
+    pub token: u32,
+    /// Its log-probability (see [`LogprobSource`]).
+    pub logprob: f32,
+    /// The best `top_logprobs` alternatives, best first, ties by token id.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// The filtered distribution of a row: survivors sorted by id in
+/// [`Scratch::cands`], with weights.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DistInfo {
+    /// Total weight of the survivors.
+    pub total: u64,
+    /// The best-ranked allowed token (the greedy choice).
+    pub top: Cand,
+    /// Clamped temperature.
+    pub temperature: f32,
+}
+
+/// Reusable buffers; results never depend on what they held before.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    pub(crate) cands: Vec<Cand>,
+    pub(crate) adjust: Vec<Adjust>,
+    pub(crate) alts: Vec<Cand>,
+}
+
+impl Scratch {
+    /// Empty buffers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Compute the filtered distribution of one row into `s.cands` (sorted by
+/// id). With `alts > 0` and [`LogprobSource::Processed`], also the `alts`
+/// best allowed tokens into `s.alts` (best first).
+pub(crate) fn distribution<L: LogitValue>(
+    logits: &[L],
+    mask: Option<&[u32]>,
+    history: &[u32],
+    params: &SamplingParams,
+    alts: usize,
+    s: &mut Scratch,
+) -> Result<DistInfo, SampleError> {
+    params.validate()?;
+    let vocab = logits.len();
+    check_shape(vocab, mask)?;
+    build_adjustments(params, history, vocab, &mut s.adjust)?;
+    let row = Row {
+        logits,
+        mask,
+        adjust: &s.adjust,
+        params,
+    };
+    let want_alts = alts > 0 && params.logprob_source == LogprobSource::Processed;
+    let k = params.top_k as usize;
+    let keep = if k > 0 {
+        Some(if want_alts { k.max(alts) } else { k })
+    } else {
+        None
+    };
+    let allowed = gather(&row, keep, &mut s.cands)?;
+    if allowed == 0 {
+        return Err(SampleError::MaskForbidsAll);
+    }
+    s.alts.clear();
+    if want_alts {
+        s.alts.extend_from_slice(&s.cands);
+        top_k(&mut s.alts, alts);
+        s.alts.sort_unstable_by(rank);
+    }
+    top_k(&mut s.cands, k);
+    let top = best(&s.cands);
+    let temperature = params.effective_temperature();
+    weigh(&mut s.cands, top.l, temperature);
+    if params.top_p < 1.0 {
+        let z: u64 = s.cands.iter().map(|c| c.w).sum();
+        let n = weighted_prefix(&mut s.cands, top_p_need(z, params.top_p_fixed()));
+        s.cands.truncate(n);
+    }
+    if params.min_p > 0.0 {
+        let floor = params.min_p_weight();
+        s.cands.retain(|c| c.w >= floor);
+    }
+    s.cands.sort_unstable_by_key(|c| c.id);
+    let total = s.cands.iter().map(|c| c.w).sum();
+    let top = Cand {
+        w: crate::fixed_point::WEIGHT_ONE,
+        ..top
+    };
+    Ok(DistInfo {
+        total,
+        top,
+        temperature,
+    })
+}
+
+/// Draw a survivor of `cands` (sorted by id) with the fixed-point CDF.
+pub(crate) fn draw(cands: &[Cand], total: u64, stream: &mut PhiloxStream) -> Cand {
+    let t = stream.below(total);
+    let mut acc = 0u64;
+    for c in cands {
+        acc += c.w;
+        if acc > t {
+            return *c;
+        }
+    }
+    // Unreachable: t < total = sum of weights.
+    cands[cands.len() - 1]
+}
+
+/// `ln(w / total)` in `f64`, rounded to `f32`.
+pub(crate) fn fixed_logprob(w: u64, total: u64) -> f32 {
+    ((w as f64).ln() - (total as f64).ln()) as f32
+}
+
+/// Log-probabilities of `chosen` and the alternatives.
+fn logprobs<L: LogitValue>(
+    logits: &[L],
+    mask: Option<&[u32]>,
+    params: &SamplingParams,
+    info: &DistInfo,
+    chosen: Cand,
+    s: &mut Scratch,
+) -> Result<(f32, Vec<(u32, f32)>), SampleError> {
+    match params.logprob_source {
+        LogprobSource::Sampled => {
+            let lp = fixed_logprob(chosen.w, info.total);
+            let n = params.top_logprobs.min(s.cands.len());
+            let mut alts = Vec::with_capacity(n);
+            if n > 0 {
+                s.alts.clear();
+                s.alts.extend_from_slice(&s.cands);
+                let by_weight = |a: &Cand, b: &Cand| b.w.cmp(&a.w).then(a.id.cmp(&b.id));
+                if n < s.alts.len() {
+                    s.alts.select_nth_unstable_by(n - 1, by_weight);
+                    s.alts.truncate(n);
+                }
+                s.alts.sort_unstable_by(by_weight);
+                alts.extend(
+                    s.alts
+                        .iter()
+                        .map(|c| (c.id, fixed_logprob(c.w, info.total))),
+                );
+            }
+            Ok((lp, alts))
+        }
+        LogprobSource::Processed => {
+            let row = Row {
+                logits,
+                mask,
+                adjust: &s.adjust,
+                params,
+            };
+            let (l_max, t) = (info.top.l, info.temperature);
+            let mut sum = 0f64;
+            let mut th = f32::NEG_INFINITY;
+            row.scan(&mut th, |_, l, _| {
+                sum += f64::from(det_exp((l - l_max) / t))
+            })?;
+            let ln_sum = sum.ln();
+            let lp = |l: f32| (f64::from((l - l_max) / t) - ln_sum) as f32;
+            let alts = s.alts.iter().map(|c| (c.id, lp(c.l))).collect();
+            Ok((lp(chosen.l), alts))
+        }
+    }
+}
+
+/// Samples rows, reusing its buffers between calls.
+#[derive(Debug, Default)]
+pub struct Sampler {
+    scratch: Scratch,
+}
+
+impl Sampler {
+    /// A sampler with empty buffers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sample one row. The result depends only on the request.
+    pub fn sample<L: LogitValue>(
+        &mut self,
+        req: &SampleRequest<'_, L>,
+    ) -> Result<SampleOutput, SampleError> {
+        let s = &mut self.scratch;
+        let p = req.params;
+        let info = distribution(req.logits, req.mask, req.history, p, p.top_logprobs, s)?;
+        let mut stream = PhiloxStream::for_draw(p.seed, req.position, DrawKind::Sample);
+        let chosen = draw(&s.cands, info.total, &mut stream);
+        let (logprob, top_logprobs) = logprobs(req.logits, req.mask, p, &info, chosen, s)?;
+        Ok(SampleOutput {
+            token: chosen.id,
+            logprob,
+            top_logprobs,
+        })
+    }
+}
+
+/// Sample one row with fresh buffers (see [`Sampler`] to reuse them).
+pub fn sample<L: LogitValue>(req: &SampleRequest<'_, L>) -> Result<SampleOutput, SampleError> {
+    Sampler::new().sample(req)
+}
+
+/// The filtered distribution as `(token, weight)` pairs sorted by token id,
+/// plus the total weight: what [`sample`] draws from. For tests, other
+/// engines and kernels that want to check their own filtering.
+pub fn filtered_weights<L: LogitValue>(
+    logits: &[L],
+    mask: Option<&[u32]>,
+    history: &[u32],
+    params: &SamplingParams,
+) -> Result<(Vec<(u32, u64)>, u64), SampleError> {
+    let mut s = Scratch::new();
+    let info = distribution(logits, mask, history, params, 0, &mut s)?;
+    Ok((s.cands.iter().map(|c| (c.id, c.w)).collect(), info.total))
+}
+
+/// Index into `weights` drawn by the fixed-point CDF for `(seed, position,
+/// kind)`: the shared core a GPU kernel reproduces. `None` if all are zero.
+pub fn draw_index(weights: &[u64], seed: u64, position: u64, kind: DrawKind) -> Option<usize> {
+    let total: u64 = weights.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut stream = PhiloxStream::for_draw(seed, position, kind);
+    pick(weights, stream.below(total))
+}

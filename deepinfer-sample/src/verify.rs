@@ -1,0 +1,286 @@
+//! Speculative verification of a draft prefix against target logits.
+//!
+//! For drafts `d_0..d_{n-1}` at positions `position..position+n-1` with draft
+//! probabilities `q` and filtered target distributions `p` (the same pipeline
+//! as [`crate::sample`]):
+//! * stochastic: draft `i` is accepted when the coin `u` (stream
+//!   [`DrawKind::Coin`] at `position + i`, [`PhiloxStream::uniform_f64`])
+//!   satisfies `u * q(d_i) < p(d_i)`, with `p(d_i) = w(d_i) / W` in `f64`
+//!   (the division-free form of `u < p/q`). At the first rejection the token
+//!   is redrawn ([`DrawKind::Resample`]) from the residual
+//!   `max(p - q * exp(-5e-5), 0)` in fixed point (see [`residual_weight`]).
+//!   When all drafts are accepted a bonus token is drawn from the target
+//!   distribution of `position + n` ([`DrawKind::Sample`]).
+//! * greedy: draft `i` is accepted when it equals the best-ranked token of
+//!   `p_i`; the first mismatch emits that token; all accepted adds the best
+//!   token of position `position + n`.
+//!
+//! The guard `exp(-5e-5)` scales `q` down by 0.005 %, so the residual
+//! `p - q * c` keeps positive mass even when `q` was rounded to sum slightly
+//! above 1 (its integer weights sum to more than `W * (1 - c)` whenever
+//! `sum q <= 1 / c`). It moves the output distribution by a negligible but
+//! non-zero amount: after a rejection, tokens with `p ≈ q` keep a residual
+//! weight of about `5e-5 * q` instead of zero. If the residual still comes out
+//! empty (`q` summing above `1 / c` on the survivors) the token is redrawn
+//! from `p` itself.
+
+use crate::error::SampleError;
+use crate::filter::Cand;
+use crate::logits::{LogitValue, mask_words};
+use crate::params::SamplingParams;
+use crate::rng::{DrawKind, PhiloxStream};
+use crate::sampler::{DistInfo, Scratch, distribution, draw, fixed_logprob};
+
+/// `exp(-5e-5)` as the `f64` with bits `0x3FEF_FF97_2520_1F4A`: the factor
+/// that scales draft probabilities in the residual.
+pub const RESIDUAL_GUARD: f64 = 0.999_950_001_249_979_1;
+
+/// How drafts are judged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum VerifyMode {
+    /// Accept a draft iff it is the target's best token.
+    Greedy,
+    /// Rejection sampling: the output follows the target distribution
+    /// whatever the draft distribution.
+    #[default]
+    Stochastic,
+}
+
+/// One row to verify.
+#[derive(Clone, Copy, Debug)]
+pub struct VerifyRequest<'a, L> {
+    /// Target logits for positions `position..=position + n`, row-major,
+    /// `(n + 1) * vocab` values.
+    pub target_logits: &'a [L],
+    /// Vocabulary size (row length).
+    pub vocab: usize,
+    /// The `n` draft tokens.
+    pub draft_tokens: &'a [u32],
+    /// Draft probabilities, `n * vocab` values (required in stochastic mode).
+    pub draft_probs: Option<&'a [f32]>,
+    /// Grammar masks for the `n + 1` positions, `(n + 1) * ceil(vocab / 32)`
+    /// words (mask `i` assumes drafts before `i` were accepted).
+    pub masks: Option<&'a [u32]>,
+    /// Tokens the penalties count before the first draft; drafts before
+    /// position `i` are appended for position `i`.
+    pub history: &'a [u32],
+    /// Position of the first draft token.
+    pub position: u64,
+    /// Target sampling parameters (seed included).
+    pub params: &'a SamplingParams,
+    /// Greedy or stochastic.
+    pub mode: VerifyMode,
+}
+
+/// Result of verifying one row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyOutput {
+    /// How many drafts were accepted.
+    pub accepted: usize,
+    /// The accepted drafts followed by the correction or bonus token
+    /// (`accepted + 1` tokens).
+    pub tokens: Vec<u32>,
+    /// Log-probability of each token under the filtered target distribution
+    /// of its position (fixed point, `ln(w / W)`).
+    pub logprobs: Vec<f32>,
+}
+
+/// Residual weight of a survivor: `w - min(w, floor((q * RESIDUAL_GUARD) * W))`
+/// with `q` and `W` as `f64` and the products rounded in that order.
+pub fn residual_weight(w: u64, q: f32, total: u64) -> u64 {
+    let scaled = (f64::from(q) * RESIDUAL_GUARD) * total as f64;
+    w - w.min(scaled as u64)
+}
+
+fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), SampleError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(SampleError::DraftLengthMismatch {
+            what,
+            expected,
+            got,
+        })
+    }
+}
+
+fn check_q(draft: usize, token: u32, value: f32) -> Result<f32, SampleError> {
+    if value.is_finite() && (0.0..=1.0).contains(&value) {
+        Ok(value)
+    } else {
+        Err(SampleError::InvalidDraftProbability {
+            draft,
+            token,
+            value,
+        })
+    }
+}
+
+fn weight_of_token(cands: &[Cand], token: u32) -> u64 {
+    cands
+        .binary_search_by_key(&token, |c| c.id)
+        .map_or(0, |i| cands[i].w)
+}
+
+/// Verifies rows, reusing its buffers between calls.
+#[derive(Debug, Default)]
+pub struct Verifier {
+    scratch: Scratch,
+    history: Vec<u32>,
+    residual: Vec<Cand>,
+}
+
+impl Verifier {
+    /// A verifier with empty buffers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn dist<L: LogitValue>(
+        &mut self,
+        req: &VerifyRequest<'_, L>,
+        i: usize,
+    ) -> Result<DistInfo, SampleError> {
+        let v = req.vocab;
+        let words = mask_words(v);
+        self.history.clear();
+        self.history.extend_from_slice(req.history);
+        self.history.extend_from_slice(&req.draft_tokens[..i]);
+        distribution(
+            &req.target_logits[i * v..(i + 1) * v],
+            req.masks.map(|m| &m[i * words..(i + 1) * words]),
+            &self.history,
+            req.params,
+            0,
+            &mut self.scratch,
+        )
+    }
+
+    /// Verify one row. The result depends only on the request.
+    pub fn verify<L: LogitValue>(
+        &mut self,
+        req: &VerifyRequest<'_, L>,
+    ) -> Result<VerifyOutput, SampleError> {
+        let n = req.draft_tokens.len();
+        let v = req.vocab;
+        if v == 0 || v > u32::MAX as usize {
+            return Err(SampleError::BadVocab(v));
+        }
+        check_len("target logits", (n + 1) * v, req.target_logits.len())?;
+        if let Some(m) = req.masks {
+            check_len("masks", (n + 1) * mask_words(v), m.len())?;
+        }
+        let q = match (req.mode, req.draft_probs) {
+            (VerifyMode::Stochastic, None) => {
+                return Err(SampleError::DraftLengthMismatch {
+                    what: "draft probabilities",
+                    expected: n * v,
+                    got: 0,
+                });
+            }
+            (_, Some(q)) => {
+                check_len("draft probabilities", n * v, q.len())?;
+                Some(q)
+            }
+            (VerifyMode::Greedy, None) => None,
+        };
+        for &t in req.draft_tokens {
+            if t as usize >= v {
+                return Err(SampleError::TokenOutOfRange { token: t, vocab: v });
+            }
+        }
+        let seed = req.params.seed;
+        let mut out = VerifyOutput {
+            accepted: 0,
+            tokens: Vec::with_capacity(n + 1),
+            logprobs: Vec::with_capacity(n + 1),
+        };
+        for i in 0..=n {
+            let info = self.dist(req, i)?;
+            let pos = req.position.wrapping_add(i as u64);
+            let cands = &self.scratch.cands;
+            if i == n {
+                let bonus = match req.mode {
+                    VerifyMode::Greedy => info.top,
+                    VerifyMode::Stochastic => {
+                        let mut st = PhiloxStream::for_draw(seed, pos, DrawKind::Sample);
+                        draw(cands, info.total, &mut st)
+                    }
+                };
+                out.tokens.push(bonus.id);
+                out.logprobs.push(fixed_logprob(bonus.w, info.total));
+                break;
+            }
+            let d = req.draft_tokens[i];
+            let wd = weight_of_token(cands, d);
+            let accept = match (req.mode, q) {
+                (VerifyMode::Stochastic, Some(q)) => {
+                    let qd = check_q(i, d, q[i * v + d as usize])?;
+                    let pd = wd as f64 / info.total as f64;
+                    let u = PhiloxStream::for_draw(seed, pos, DrawKind::Coin).uniform_f64();
+                    u * f64::from(qd) < pd
+                }
+                _ => d == info.top.id,
+            };
+            if accept {
+                out.accepted += 1;
+                out.tokens.push(d);
+                out.logprobs.push(fixed_logprob(wd, info.total));
+                continue;
+            }
+            let fix = match (req.mode, q) {
+                (VerifyMode::Stochastic, Some(q)) => {
+                    let q_row = &q[i * v..(i + 1) * v];
+                    self.residual.clear();
+                    for c in cands {
+                        let qx = check_q(i, c.id, q_row[c.id as usize])?;
+                        self.residual.push(Cand {
+                            w: residual_weight(c.w, qx, info.total),
+                            ..*c
+                        });
+                    }
+                    let rtotal: u64 = self.residual.iter().map(|c| c.w).sum();
+                    let mut st = PhiloxStream::for_draw(seed, pos, DrawKind::Resample);
+                    let pick = if rtotal > 0 {
+                        draw(&self.residual, rtotal, &mut st)
+                    } else {
+                        draw(cands, info.total, &mut st)
+                    };
+                    Cand {
+                        w: weight_of_token(cands, pick.id),
+                        ..pick
+                    }
+                }
+                _ => info.top,
+            };
+            out.tokens.push(fix.id);
+            out.logprobs.push(fixed_logprob(fix.w, info.total));
+            break;
+        }
+        Ok(out)
+    }
+}
+
+/// Verify one row with fresh buffers (see [`Verifier`] to reuse them).
+pub fn verify<L: LogitValue>(req: &VerifyRequest<'_, L>) -> Result<VerifyOutput, SampleError> {
+    Verifier::new().verify(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_constant_is_exp() {
+        let e = (-5e-5f64).exp();
+        assert!((e - RESIDUAL_GUARD).abs() <= f64::EPSILON);
+        assert_eq!(RESIDUAL_GUARD.to_bits(), 0x3FEF_FF97_2520_1F4A);
+    }
+
+    #[test]
+    fn residual_saturates() {
+        assert_eq!(residual_weight(10, 1.0, 10), 1);
+        assert_eq!(residual_weight(0, 0.5, 10), 0);
+        assert_eq!(residual_weight(10, 0.0, 10), 10);
+    }
+}
