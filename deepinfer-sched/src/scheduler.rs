@@ -238,6 +238,9 @@ pub struct SchedStats {
 #[derive(Debug)]
 pub struct Scheduler {
     cfg: SchedulerConfig,
+    /// Context limit in force: `max_model_len`, capped by the whole pool so a
+    /// request running alone can always grow to it.
+    max_len: usize,
     kv: BlockManager,
     cost: Option<PrefillCostModel>,
     planner: Option<Planner>,
@@ -253,7 +256,6 @@ pub struct Scheduler {
     next_step: u64,
     pending_copies: Vec<deepinfer_kv::CopyOp>,
     pending_aborted: Vec<RequestId>,
-    pending_finished: Vec<Finished>,
     stats: SchedStats,
     // Scratch reused across steps.
     deferred: Vec<WaitKey>,
@@ -273,7 +275,9 @@ impl Scheduler {
                 "min_chunk_tokens exceeds max_chunk_tokens".into(),
             ));
         }
+        let pool_tokens = kv.config().num_blocks * kv.block_size();
         Ok(Self {
+            max_len: cfg.max_model_len.min(pool_tokens),
             cfg,
             kv,
             cost: None,
@@ -289,7 +293,6 @@ impl Scheduler {
             next_step: 0,
             pending_copies: Vec::new(),
             pending_aborted: Vec::new(),
-            pending_finished: Vec::new(),
             stats: SchedStats::default(),
             deferred: Vec::new(),
             draft_plan: Vec::new(),
@@ -489,9 +492,9 @@ impl Scheduler {
         }
     }
 
-    /// Abort a request at any moment. Its rows in flight are ignored when their
+    /// Abort a request at any moment; returns what it generated so far. Its rows in flight are ignored when their
     /// output arrives; a pending plan's rows for it are cancelled by the next `update`.
-    pub fn abort(&mut self, id: RequestId) -> Result<(), SchedError> {
+    pub fn abort(&mut self, id: RequestId) -> Result<Finished, SchedError> {
         let slot = *self.ids.get(&id).ok_or(SchedError::UnknownRequest(id))?;
         let phase = self.req(slot).phase;
         self.free_kv(slot);
@@ -507,12 +510,11 @@ impl Scheduler {
         let r = self.release(slot);
         self.stats.finished += 1;
         self.pending_aborted.push(id);
-        self.pending_finished.push(Finished {
+        Ok(Finished {
             id,
             reason: FinishReason::Aborted,
             output: r.tokens[r.prompt_len..].to_vec(),
-        });
-        Ok(())
+        })
     }
 
     /// Fork a running request into a new one (parallel sampling, beam search): the
@@ -589,7 +591,7 @@ impl Scheduler {
     fn drafts_for(&self, r: &Req, k_plan: usize) -> usize {
         // Drafts past the token limit or the context are wasted rows.
         let left_new = r.max_new_tokens.saturating_sub(r.output_len() + 1);
-        let left_ctx = self.cfg.max_model_len.saturating_sub(r.tokens.len() + 1);
+        let left_ctx = self.max_len.saturating_sub(r.tokens.len() + 1);
         k_plan.min(left_new).min(left_ctx)
     }
 
@@ -760,12 +762,16 @@ impl Scheduler {
             i += 1;
         }
 
-        // Then waiting requests, in priority / arrival order, while budget and blocks last.
-        while seqs_left > 0 && tokens_left > 0 {
+        // Then waiting requests, in priority / arrival order, while budget and blocks
+        // last; none after a preemption (memory is short, and a request just
+        // preempted would otherwise come straight back).
+        while seqs_left > 0 && tokens_left > 0 && plan.preempted.is_empty() {
             let Some(key) = self.waiting.pop() else { break };
-            let live = self.slots[key.slot as usize]
-                .as_ref()
-                .is_some_and(|r| r.incarnation == key.incarnation && r.phase == Phase::Waiting);
+            let live = self.slots[key.slot as usize].as_ref().is_some_and(|r| {
+                r.arrival == key.arrival
+                    && r.incarnation == key.incarnation
+                    && r.phase == Phase::Waiting
+            });
             if !live {
                 continue;
             }
@@ -1082,9 +1088,7 @@ impl Scheduler {
                 r.tokens.push(t);
                 if r.stop_tokens.contains(&t) {
                     reason = Some(FinishReason::Stop);
-                } else if r.output_len() >= r.max_new_tokens
-                    || r.tokens.len() >= self.cfg.max_model_len
-                {
+                } else if r.output_len() >= r.max_new_tokens || r.tokens.len() >= self.max_len {
                     reason = Some(FinishReason::Length);
                 }
                 if reason.is_some() {
@@ -1134,7 +1138,6 @@ impl Scheduler {
         }
 
         self.reconcile_pending(&mut res);
-        res.finished.append(&mut self.pending_finished);
         Ok(res)
     }
 
