@@ -1,7 +1,18 @@
-//! # deepinfer-kernels
-//!
-//! Compute backend: the Backend trait, CPU reference kernels, CUDA kernels. Part of the deepinfer workspace; see the crate README.
 #![doc = include_str!("../README.md")]
+
+pub mod backend;
+pub mod cpu;
+pub mod dtype;
+pub mod error;
+pub mod quant;
+pub mod rope;
+
+pub use backend::{Backend, ExpertWeights, HcMixes, RouteParams, RouteScore, TensorInfo, Unary};
+pub use cpu::{CpuBackend, CpuConfig, CpuTensor};
+pub use dtype::DType;
+pub use error::{KernelError, Result};
+pub use quant::{FakeQuant, QuantFormat, QuantMatrix, ScaleFormat};
+pub use rope::{RopeParams, YarnParams};
 
 /// The crate's version, as packaged.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,238 @@
+//! Attention building blocks on slices: RoPE, sink attention over a shared KV head, the KV
+//! compressor's gated pooling, lightning-indexer scores, top-k and block max.
+//!
+//! Every output row depends only on its own inputs, with a fixed summation order.
+
+use rayon::prelude::*;
+
+use super::gemm::dot;
+
+/// Interleaved RoPE in place on `x` viewed as `[S, inner, d]`; rotates the trailing
+/// `2 * inv_freq.len()` channels of every `d`-row (angles and rotation in f64).
+pub(crate) fn rope(
+    x: &mut [f32],
+    s_len: usize,
+    d: usize,
+    pos: &[i64],
+    inv_freq: &[f64],
+    inverse: bool,
+) {
+    let r = 2 * inv_freq.len();
+    let per_s = x.len().checked_div(s_len).unwrap_or(0);
+    if per_s == 0 {
+        return;
+    }
+    x.par_chunks_mut(per_s).enumerate().for_each(|(s, xs)| {
+        let p = pos[s] as f64;
+        let sign = if inverse { -1.0 } else { 1.0 };
+        let cs: Vec<(f64, f64)> = inv_freq
+            .iter()
+            .map(|f| {
+                let a = p * f;
+                (a.cos(), sign * a.sin())
+            })
+            .collect();
+        for row in xs.chunks_mut(d) {
+            let tail = &mut row[d - r..];
+            for (i, &(c, sn)) in cs.iter().enumerate() {
+                let a = tail[2 * i] as f64;
+                let b = tail[2 * i + 1] as f64;
+                tail[2 * i] = (a * c - b * sn) as f32;
+                tail[2 * i + 1] = (a * sn + b * c) as f32;
+            }
+        }
+    });
+}
+
+/// Sink attention: `q[S, H, d]`, `kv[J, d]`, `idx[S, K]`, `sink[H]` → `[S, H, d]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sparse_attention(
+    q: &[f32],
+    s_len: usize,
+    h: usize,
+    d: usize,
+    kv: &[f32],
+    idx: &[i64],
+    kk: usize,
+    sink: &[f32],
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![0.0f32; s_len * h * d];
+    if out.is_empty() {
+        return out;
+    }
+    out.par_chunks_mut(h * d).enumerate().for_each(|(s, os)| {
+        let sel: Vec<usize> = idx[s * kk..(s + 1) * kk]
+            .iter()
+            .filter(|&&j| j >= 0)
+            .map(|&j| j as usize)
+            .collect();
+        let mut logits = vec![0.0f32; sel.len()];
+        for hh in 0..h {
+            let qv = &q[(s * h + hh) * d..(s * h + hh + 1) * d];
+            let mut mx = sink[hh];
+            for (l, &j) in logits.iter_mut().zip(&sel) {
+                *l = dot(qv, &kv[j * d..(j + 1) * d]) * scale;
+                mx = mx.max(*l);
+            }
+            let o = &mut os[hh * d..(hh + 1) * d];
+            let mut denom = 0.0f32;
+            for (l, &j) in logits.iter().zip(&sel) {
+                let e = (l - mx).exp();
+                denom += e;
+                for (ov, kvv) in o.iter_mut().zip(&kv[j * d..(j + 1) * d]) {
+                    *ov += e * kvv;
+                }
+            }
+            denom += (sink[hh] - mx).exp();
+            let inv = 1.0 / denom;
+            for ov in o.iter_mut() {
+                *ov *= inv;
+            }
+        }
+    });
+    out
+}
+
+/// Gated pooling (see `Backend::compress_pool`). `width` is the channel count of `a`/`z`.
+pub(crate) fn compress_pool(
+    a: &[f32],
+    z: &[f32],
+    groups: usize,
+    ratio: usize,
+    width: usize,
+    overlap: bool,
+    first_is_context: bool,
+) -> Vec<f32> {
+    let c = if overlap { width / 2 } else { width };
+    let first = usize::from(first_is_context);
+    let n_out = groups.saturating_sub(first);
+    let mut out = vec![0.0f32; n_out * c];
+    if out.is_empty() {
+        return out;
+    }
+    out.par_chunks_mut(c).enumerate().for_each(|(o, row)| {
+        let w = o + first;
+        let mut zs = Vec::with_capacity(2 * ratio);
+        let mut as_ = Vec::with_capacity(2 * ratio);
+        for (ch, out_v) in row.iter_mut().enumerate() {
+            zs.clear();
+            as_.clear();
+            if overlap {
+                if w > 0 {
+                    for r in 0..ratio {
+                        let i = ((w - 1) * ratio + r) * width + ch;
+                        zs.push(z[i]);
+                        as_.push(a[i]);
+                    }
+                }
+                for r in 0..ratio {
+                    let i = (w * ratio + r) * width + c + ch;
+                    zs.push(z[i]);
+                    as_.push(a[i]);
+                }
+            } else {
+                for r in 0..ratio {
+                    let i = (w * ratio + r) * width + ch;
+                    zs.push(z[i]);
+                    as_.push(a[i]);
+                }
+            }
+            let mx = zs.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut den = 0.0f32;
+            let mut num = 0.0f32;
+            for (&zv, &av) in zs.iter().zip(&as_) {
+                let e = (zv - mx).exp();
+                den += e;
+                num += e * av;
+            }
+            *out_v = num / den;
+        }
+    });
+    out
+}
+
+/// Indexer scores `[S, T]` (see `Backend::indexer_scores`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn indexer_scores(
+    q: &[f32],
+    s_len: usize,
+    hi: usize,
+    di: usize,
+    k: &[f32],
+    t_len: usize,
+    w: &[f32],
+    visible: &[usize],
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![f32::NEG_INFINITY; s_len * t_len];
+    if out.is_empty() {
+        return out;
+    }
+    out.par_chunks_mut(t_len).enumerate().for_each(|(s, row)| {
+        let vis = visible[s].min(t_len);
+        for (t, o) in row[..vis].iter_mut().enumerate() {
+            let kt = &k[t * di..(t + 1) * di];
+            let mut acc = 0.0f32;
+            for h in 0..hi {
+                let qd = dot(&q[(s * hi + h) * di..(s * hi + h + 1) * di], kt);
+                acc += w[s * hi + h] * qd.max(0.0);
+            }
+            *o = acc * scale;
+        }
+    });
+    out
+}
+
+/// Total order for top-k: larger value first, NaN lowest, ties to the lower index.
+#[inline]
+fn rank_cmp(a: (f32, usize), b: (f32, usize)) -> std::cmp::Ordering {
+    let key = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    key(b.0)
+        .partial_cmp(&key(a.0))
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then(a.1.cmp(&b.1))
+}
+
+/// Indices of the `k` largest values of one row (`-1` for `-inf` picks and missing slots).
+pub(crate) fn topk_row(row: &[f32], k: usize, out: &mut [i32]) {
+    let mut items: Vec<(f32, usize)> = row.iter().copied().zip(0..).collect();
+    let take = k.min(items.len());
+    if take > 0 && take < items.len() {
+        items.select_nth_unstable_by(take - 1, |a, b| rank_cmp(*a, *b));
+    }
+    items.truncate(take);
+    items.sort_by(|a, b| rank_cmp(*a, *b));
+    for (o, slot) in out.iter_mut().zip(0..) {
+        *o = match items.get(slot) {
+            Some(&(v, i)) if v > f32::NEG_INFINITY => i as i32,
+            _ => -1,
+        };
+    }
+}
+
+/// Top-k over rows of length `t` → `[rows, k]`.
+pub(crate) fn topk(x: &[f32], t: usize, k: usize) -> Vec<i32> {
+    let rows = x.len().checked_div(t).unwrap_or(0);
+    let mut out = vec![-1i32; rows * k];
+    if k == 0 || rows == 0 {
+        return out;
+    }
+    out.par_chunks_mut(k)
+        .zip(x.par_chunks(t))
+        .for_each(|(o, row)| topk_row(row, k, o));
+    out
+}
+
+/// Max over blocks of `block` consecutive entries per row of length `t`.
+pub(crate) fn block_max(x: &[f32], t: usize, block: usize) -> Vec<f32> {
+    let nb = t.div_ceil(block);
+    let rows = x.len().checked_div(t).unwrap_or(0);
+    let mut out = vec![f32::NEG_INFINITY; rows * nb];
+    for r in 0..rows {
+        for (b, chunk) in x[r * t..(r + 1) * t].chunks(block).enumerate() {
+            out[r * nb + b] = chunk.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        }
+    }
+    out
+}

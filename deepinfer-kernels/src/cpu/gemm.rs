@@ -1,0 +1,265 @@
+//! GEMV / GEMM kernels for `x[m, k] · w[n, k]ᵀ`.
+//!
+//! Two paths:
+//! - the **dot path**: every output is one dot product with a fixed summation order
+//!   ([`LANES`] interleaved partial sums, then a fixed pairwise tree). It does not depend on
+//!   `m`, on which rows share the call, or on threads: this is batch-invariant mode, and also
+//!   the decode (GEMV) path, which is memory-bound and streams each weight row once.
+//! - the **blocked path** (fast mode, `m >= FAST_M`): `matrixmultiply::sgemm` on weight
+//!   blocks, one rayon task per block; bf16 / f16 / quantised blocks are decoded to f32 first.
+//!   `matrixmultiply` is used because it has tuned AVX/FMA micro-kernels with run-time CPU
+//!   detection, is pure Rust, small and fast to build; the heavier `gemm` crate was not worth
+//!   its build time on this project's 2-core CI.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::quant::QuantMatrix;
+
+/// Interleaved partial sums per dot product (fixed: it defines the summation order).
+pub const LANES: usize = 16;
+
+/// Rows from which the fast mode switches from the dot path to blocked sgemm.
+pub const FAST_M: usize = 8;
+
+/// A weight element that widens exactly to f32.
+pub(crate) trait WElem: Copy + Send + Sync {
+    fn widen(self) -> f32;
+}
+impl WElem for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+impl WElem for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+}
+impl WElem for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+#[inline(always)]
+fn dot_body<W: WElem>(x: &[f32], w: &[W]) -> f32 {
+    let n = x.len().min(w.len());
+    let (x, w) = (&x[..n], &w[..n]);
+    let mut acc = [0.0f32; LANES];
+    let mut xc = x.chunks_exact(LANES);
+    let mut wc = w.chunks_exact(LANES);
+    for (xs, ws) in (&mut xc).zip(&mut wc) {
+        for l in 0..LANES {
+            acc[l] += xs[l] * ws[l].widen();
+        }
+    }
+    for (l, (a, b)) in xc.remainder().iter().zip(wc.remainder()).enumerate() {
+        acc[l] += a * b.widen();
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+    }
+    acc[0]
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2<W: WElem>(x: &[f32], w: &[W]) -> f32 {
+    // Same IEEE operations in the same order as the portable body (no FMA contraction), so
+    // the result is bit-identical whichever version runs.
+    dot_body(x, w)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    use std::sync::OnceLock;
+    static AVX2: OnceLock<bool> = OnceLock::new();
+    *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+}
+
+/// Fixed-order dot product of `x` and `w` (over the shorter length).
+#[inline]
+pub(crate) fn dot<W: WElem>(x: &[f32], w: &[W]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports AVX2 (checked at run time above).
+        return unsafe { dot_avx2(x, w) };
+    }
+    dot_body(x, w)
+}
+
+/// Fixed-order dot product of two f32 slices (public for tests and other backends' checks).
+pub fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
+    dot(x, w)
+}
+
+/// A weight matrix `[n, k]` in one of the supported storage types.
+#[derive(Clone, Copy)]
+pub(crate) enum WeightRef<'a> {
+    F32(&'a [f32]),
+    BF16(&'a [bf16]),
+    F16(&'a [f16]),
+    Quant(&'a QuantMatrix),
+}
+
+impl WeightRef<'_> {
+    /// Decodes rows `n0..n1` into `buf` (row-major f32).
+    fn decode_rows(&self, k: usize, n0: usize, n1: usize, buf: &mut Vec<f32>) {
+        buf.clear();
+        buf.resize((n1 - n0) * k, 0.0);
+        match self {
+            WeightRef::F32(w) => buf.copy_from_slice(&w[n0 * k..n1 * k]),
+            WeightRef::BF16(w) => {
+                for (o, v) in buf.iter_mut().zip(&w[n0 * k..n1 * k]) {
+                    *o = v.widen();
+                }
+            }
+            WeightRef::F16(w) => {
+                for (o, v) in buf.iter_mut().zip(&w[n0 * k..n1 * k]) {
+                    *o = v.widen();
+                }
+            }
+            WeightRef::Quant(q) => {
+                for (r, row) in buf.chunks_mut(k.max(1)).enumerate() {
+                    q.dequantize_row(n0 + r, row);
+                }
+            }
+        }
+    }
+}
+
+/// Weight rows per dot-path task: about 64 KiB of f32 weights, at least one row.
+fn dot_block_rows(k: usize) -> usize {
+    (16384 / k.max(1)).clamp(1, 256)
+}
+
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ`.
+pub(crate) fn linear(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: WeightRef<'_>,
+    n: usize,
+    invariant: bool,
+) -> Vec<f32> {
+    if m == 0 || n == 0 {
+        return vec![0.0; m * n];
+    }
+    if k == 0 {
+        return vec![0.0; m * n];
+    }
+    if invariant || m < FAST_M {
+        linear_dot(x, m, k, w, n)
+    } else {
+        linear_blocked(x, m, k, w, n)
+    }
+}
+
+fn linear_dot(x: &[f32], m: usize, k: usize, w: WeightRef<'_>, n: usize) -> Vec<f32> {
+    let nb = dot_block_rows(k);
+    // Transposed result [n, m]: each task owns a contiguous run of weight rows.
+    let mut out_t = vec![0.0f32; n * m];
+    out_t
+        .par_chunks_mut(nb * m)
+        .enumerate()
+        .for_each(|(b, chunk)| {
+            let n0 = b * nb;
+            let rows = chunk.len() / m;
+            let mut buf = Vec::new();
+            for r in 0..rows {
+                let o = &mut chunk[r * m..(r + 1) * m];
+                let wi = n0 + r;
+                match w {
+                    WeightRef::F32(ws) => row_dots(x, k, &ws[wi * k..(wi + 1) * k], o),
+                    WeightRef::BF16(ws) => row_dots(x, k, &ws[wi * k..(wi + 1) * k], o),
+                    WeightRef::F16(ws) => row_dots(x, k, &ws[wi * k..(wi + 1) * k], o),
+                    WeightRef::Quant(_) => {
+                        w.decode_rows(k, wi, wi + 1, &mut buf);
+                        row_dots(x, k, &buf, o);
+                    }
+                }
+            }
+        });
+    if m == 1 {
+        return out_t;
+    }
+    let mut out = vec![0.0f32; m * n];
+    for j in 0..n {
+        for i in 0..m {
+            out[i * n + j] = out_t[j * m + i];
+        }
+    }
+    out
+}
+
+#[inline]
+fn row_dots<W: WElem>(x: &[f32], k: usize, wrow: &[W], out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = dot(&x[i * k..(i + 1) * k], wrow);
+    }
+}
+
+fn linear_blocked(x: &[f32], m: usize, k: usize, w: WeightRef<'_>, n: usize) -> Vec<f32> {
+    // Column blocks of the output, each computed by one task into its own [m, nb] buffer.
+    let nb = 128usize;
+    let mb = 256usize;
+    let nblocks = n.div_ceil(nb);
+    let parts: Vec<(usize, Vec<f32>)> = (0..nblocks)
+        .into_par_iter()
+        .map(|b| {
+            let n0 = b * nb;
+            let n1 = (n0 + nb).min(n);
+            let cols = n1 - n0;
+            let mut buf = Vec::new();
+            let wblk: &[f32] = match w {
+                WeightRef::F32(ws) => &ws[n0 * k..n1 * k],
+                _ => {
+                    w.decode_rows(k, n0, n1, &mut buf);
+                    &buf
+                }
+            };
+            let mut c = vec![0.0f32; m * cols];
+            for i0 in (0..m).step_by(mb) {
+                let rows = mb.min(m - i0);
+                // SAFETY: A is x[i0.., k] (row stride k), B = wblkᵀ (k × cols: element (kk, j)
+                // at wblk[j*k + kk]), C is c[i0.., cols]; all three lie inside their slices
+                // for the given dimensions and strides, and C does not alias A or B.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        rows,
+                        k,
+                        cols,
+                        1.0,
+                        x[i0 * k..].as_ptr(),
+                        k as isize,
+                        1,
+                        wblk.as_ptr(),
+                        1,
+                        k as isize,
+                        0.0,
+                        c[i0 * cols..].as_mut_ptr(),
+                        cols as isize,
+                        1,
+                    );
+                }
+            }
+            (n0, c)
+        })
+        .collect();
+    let mut out = vec![0.0f32; m * n];
+    for (n0, c) in parts {
+        let cols = c.len() / m;
+        for i in 0..m {
+            out[i * n + n0..i * n + n0 + cols].copy_from_slice(&c[i * cols..(i + 1) * cols]);
+        }
+    }
+    out
+}

@@ -1,0 +1,54 @@
+//! FP4 e2m1 scalar encoding: 1 sign bit, 2 exponent bits, 1 mantissa bit.
+//!
+//! Magnitudes by code: 0, 0.5, 1, 1.5, 2, 3, 4, 6. Two values share a byte, the element with
+//! the even index in the low nibble.
+
+use super::fp8::exp2i;
+use super::fp8::floor_log2;
+
+/// Largest e2m1 magnitude.
+pub const E2M1_MAX: f32 = 6.0;
+
+/// Magnitudes of the eight non-negative codes.
+pub const E2M1_VALUES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// Decoding table for all 16 codes (bit 3 is the sign).
+pub static E2M1_LUT: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// Rounds to the nearest e2m1 value (ties to even), saturating at ±6.
+///
+/// The NumPy reference's rule: `q = 2^(max(floor(log2|v|), 0) - 1)`,
+/// `min(round_half_even(|v| / q) * q, 6)`.
+#[inline]
+pub fn round_e2m1(v: f32) -> f32 {
+    if v.is_nan() {
+        return v;
+    }
+    let a = v.abs();
+    if a == 0.0 {
+        return 0.0f32.copysign(v);
+    }
+    let a = a.min(8.0);
+    let e = floor_log2(a).max(0);
+    let q = exp2i(e - 1);
+    ((a / q).round_ties_even() * q).min(E2M1_MAX).copysign(v)
+}
+
+/// Encodes a value to its 4-bit code (round to nearest even, saturating).
+#[inline]
+pub fn e2m1_encode(v: f32) -> u8 {
+    let r = round_e2m1(if v.is_nan() { 0.0 } else { v });
+    let sign = if r.is_sign_negative() { 8u8 } else { 0 };
+    let a = r.abs();
+    // Exact: `a` is one of the table values.
+    let code = E2M1_VALUES.iter().position(|&v| v == a).unwrap_or(7) as u8;
+    sign | code
+}
+
+/// Decodes a 4-bit code (only the low nibble is read).
+#[inline]
+pub fn e2m1_decode(code: u8) -> f32 {
+    E2M1_LUT[(code & 0xf) as usize]
+}

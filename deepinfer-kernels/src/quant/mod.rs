@@ -1,0 +1,455 @@
+//! Block-quantised weight formats: FP8 e4m3 (block-scaled, f32 or UE8M0 scales), MXFP4 and
+//! NVFP4, with quantise / dequantise, and the QAT round trips of the NumPy reference.
+//!
+//! A [`QuantMatrix`] is a `[rows, cols]` weight in the PyTorch `Linear` layout (`[out, in]`):
+//! blocks run along `cols` (the reduction axis), so a GEMV reads one row's values and scales
+//! contiguously.
+
+pub mod fp4;
+pub mod fp8;
+
+use crate::error::{Result, invalid, shape_err};
+use fp4::{e2m1_decode, e2m1_encode, round_e2m1};
+use fp8::{
+    ceil_log2, e4m3_decode, e4m3_encode, exp2i, round_e4m3, ue8m0_decode, ue8m0_encode_pow2,
+};
+
+/// How FP8 block scales are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScaleFormat {
+    /// One f32 per block: `amax / 448` (DeepSeek's `weight_scale_inv`).
+    F32,
+    /// One power of two per block: `2^ceil(log2(amax / 448))`, stored as UE8M0.
+    Ue8m0,
+}
+
+/// A quantised weight format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantFormat {
+    /// FP8 e4m3 values with one scale per `block_rows × block_cols` tile (DeepSeek: 128×128).
+    Fp8 {
+        /// Rows per scale block.
+        block_rows: usize,
+        /// Columns per scale block.
+        block_cols: usize,
+        /// Scale storage.
+        scale: ScaleFormat,
+    },
+    /// MXFP4: e2m1 values, blocks of 32 along a row, UE8M0 scales.
+    Mxfp4,
+    /// NVFP4: e2m1 values, blocks of 16 along a row, E4M3 scales, one f32 tensor scale.
+    Nvfp4,
+}
+
+impl QuantFormat {
+    /// DeepSeek's FP8 weight format: 128×128 blocks with f32 scales.
+    pub const FP8_128_F32: QuantFormat = QuantFormat::Fp8 {
+        block_rows: 128,
+        block_cols: 128,
+        scale: ScaleFormat::F32,
+    };
+
+    /// Columns per scale block along a row.
+    pub fn block_cols(&self) -> usize {
+        match self {
+            QuantFormat::Fp8 { block_cols, .. } => *block_cols,
+            QuantFormat::Mxfp4 => 32,
+            QuantFormat::Nvfp4 => 16,
+        }
+    }
+
+    /// Rows per scale block.
+    pub fn block_rows(&self) -> usize {
+        match self {
+            QuantFormat::Fp8 { block_rows, .. } => *block_rows,
+            _ => 1,
+        }
+    }
+
+    /// The tensor dtype of a matrix in this format.
+    pub fn dtype(&self) -> crate::DType {
+        match self {
+            QuantFormat::Fp8 { .. } => crate::DType::F8E4M3,
+            QuantFormat::Mxfp4 => crate::DType::Mxfp4,
+            QuantFormat::Nvfp4 => crate::DType::Nvfp4,
+        }
+    }
+}
+
+/// A quantised `[rows, cols]` matrix: packed values plus block scales.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantMatrix {
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+    /// FP8: `rows * cols` bytes. FP4: `rows * cols / 2` bytes, low nibble = even column.
+    data: Vec<u8>,
+    /// Raw scale bytes or f32s, row-major over the block grid.
+    scales: Scales,
+    tensor_scale: f32,
+}
+
+/// Raw block scales.
+#[derive(Debug, Clone, PartialEq)]
+enum Scales {
+    F32(Vec<f32>),
+    /// UE8M0 or E4M3 bytes, read according to the format.
+    Bytes(Vec<u8>),
+}
+
+impl QuantMatrix {
+    /// Quantises a row-major `[rows, cols]` f32 matrix.
+    ///
+    /// FP4 formats need `cols` to be a multiple of the block (32 or 16); FP8 blocks may be
+    /// partial at the edges. Non-finite input is rejected.
+    pub fn quantize(x: &[f32], rows: usize, cols: usize, format: QuantFormat) -> Result<Self> {
+        const OP: &str = "quantize";
+        if x.len() != rows * cols {
+            return Err(shape_err(
+                OP,
+                format!("{} values for [{rows}, {cols}]", x.len()),
+            ));
+        }
+        if x.iter().any(|v| !v.is_finite()) {
+            return Err(invalid(OP, "non-finite value"));
+        }
+        let bc = format.block_cols();
+        let br = format.block_rows();
+        if bc == 0 || br == 0 {
+            return Err(invalid(OP, "zero block size"));
+        }
+        match format {
+            QuantFormat::Fp8 { scale, .. } => {
+                Ok(quantize_fp8(x, rows, cols, br, bc, scale, format))
+            }
+            QuantFormat::Mxfp4 | QuantFormat::Nvfp4 => {
+                if !cols.is_multiple_of(bc) {
+                    return Err(shape_err(OP, format!("cols {cols} not a multiple of {bc}")));
+                }
+                Ok(quantize_fp4(x, rows, cols, format))
+            }
+        }
+    }
+
+    /// Reassembles a matrix from raw parts (e.g. loaded from a checkpoint).
+    ///
+    /// `scales_f32` is used for FP8 with f32 scales; `scale_bytes` for UE8M0 / E4M3 scales.
+    pub fn from_parts(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+        scales_f32: Option<Vec<f32>>,
+        scale_bytes: Option<Vec<u8>>,
+        tensor_scale: f32,
+    ) -> Result<Self> {
+        const OP: &str = "QuantMatrix::from_parts";
+        let bc = format.block_cols();
+        let br = format.block_rows();
+        if bc == 0 || br == 0 {
+            return Err(invalid(OP, "zero block size"));
+        }
+        let nblocks = rows.div_ceil(br) * cols.div_ceil(bc);
+        let data_len = match format {
+            QuantFormat::Fp8 { .. } => rows * cols,
+            _ => {
+                if !cols.is_multiple_of(bc) {
+                    return Err(shape_err(OP, format!("cols {cols} not a multiple of {bc}")));
+                }
+                rows * cols / 2
+            }
+        };
+        if data.len() != data_len {
+            return Err(shape_err(
+                OP,
+                format!("{} data bytes, want {data_len}", data.len()),
+            ));
+        }
+        let scales = match (format, scales_f32, scale_bytes) {
+            (
+                QuantFormat::Fp8 {
+                    scale: ScaleFormat::F32,
+                    ..
+                },
+                Some(s),
+                None,
+            ) => Scales::F32(s),
+            (
+                QuantFormat::Fp8 {
+                    scale: ScaleFormat::F32,
+                    ..
+                },
+                _,
+                _,
+            ) => {
+                return Err(invalid(OP, "FP8 with f32 scales needs scales_f32 only"));
+            }
+            (_, None, Some(b)) => Scales::Bytes(b),
+            _ => return Err(invalid(OP, "this format needs scale_bytes only")),
+        };
+        let n = match &scales {
+            Scales::F32(s) => s.len(),
+            Scales::Bytes(b) => b.len(),
+        };
+        if n != nblocks {
+            return Err(shape_err(OP, format!("{n} scales, want {nblocks}")));
+        }
+        Ok(Self {
+            format,
+            rows,
+            cols,
+            data,
+            scales,
+            tensor_scale,
+        })
+    }
+
+    /// The format.
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+
+    /// Rows (output features).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (input features, the reduction axis).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The packed values.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// The NVFP4 per-tensor f32 scale (1 for the other formats).
+    pub fn tensor_scale(&self) -> f32 {
+        self.tensor_scale
+    }
+
+    /// Bytes of values plus scales.
+    pub fn nbytes(&self) -> usize {
+        self.data.len()
+            + match &self.scales {
+                Scales::F32(s) => 4 * s.len(),
+                Scales::Bytes(b) => b.len(),
+            }
+    }
+
+    /// Decoded scale of the block holding (row, block column `bj`), tensor scale included.
+    #[inline]
+    pub fn block_scale(&self, row: usize, bj: usize) -> f32 {
+        let nbc = self.cols.div_ceil(self.format.block_cols());
+        let i = (row / self.format.block_rows()) * nbc + bj;
+        match (&self.scales, self.format) {
+            (Scales::F32(s), _) => s[i],
+            (Scales::Bytes(b), QuantFormat::Nvfp4) => e4m3_decode(b[i]) * self.tensor_scale,
+            (Scales::Bytes(b), _) => ue8m0_decode(b[i]),
+        }
+    }
+
+    /// Decodes the unscaled values of `row`, columns `[c0, c0 + out.len())`.
+    #[inline]
+    pub fn decode_values(&self, row: usize, c0: usize, out: &mut [f32]) {
+        match self.format {
+            QuantFormat::Fp8 { .. } => {
+                let base = row * self.cols + c0;
+                let n = out.len();
+                for (o, &b) in out.iter_mut().zip(&self.data[base..base + n]) {
+                    *o = e4m3_decode(b);
+                }
+            }
+            _ => {
+                let start = row * self.cols + c0;
+                for (i, o) in out.iter_mut().enumerate() {
+                    let j = start + i;
+                    let byte = self.data[j / 2];
+                    *o = e2m1_decode(if j.is_multiple_of(2) { byte } else { byte >> 4 });
+                }
+            }
+        }
+    }
+
+    /// Dequantises one row into `out` (length `cols`).
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        let bc = self.format.block_cols();
+        for (bj, chunk) in out.chunks_mut(bc).enumerate() {
+            self.decode_values(row, bj * bc, chunk);
+            let s = self.block_scale(row, bj);
+            for v in chunk.iter_mut() {
+                *v *= s;
+            }
+        }
+    }
+
+    /// Dequantises the whole matrix (row-major f32).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.rows * self.cols];
+        if self.cols == 0 {
+            return out;
+        }
+        for (r, row) in out.chunks_mut(self.cols).enumerate() {
+            self.dequantize_row(r, row);
+        }
+        out
+    }
+}
+
+fn quantize_fp8(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    br: usize,
+    bc: usize,
+    scale: ScaleFormat,
+    format: QuantFormat,
+) -> QuantMatrix {
+    let nbr = rows.div_ceil(br);
+    let nbc = cols.div_ceil(bc);
+    let mut scales_f = vec![0.0f32; nbr * nbc];
+    for bi in 0..nbr {
+        for bj in 0..nbc {
+            let mut amax = 0.0f32;
+            for r in bi * br..((bi + 1) * br).min(rows) {
+                for &v in &x[r * cols + bj * bc..r * cols + ((bj + 1) * bc).min(cols)] {
+                    amax = amax.max(v.abs());
+                }
+            }
+            let amax = amax.max(1e-12);
+            scales_f[bi * nbc + bj] = match scale {
+                ScaleFormat::F32 => amax / fp8::E4M3_MAX,
+                ScaleFormat::Ue8m0 => exp2i(ceil_log2(amax / fp8::E4M3_MAX).clamp(-127, 127)),
+            };
+        }
+    }
+    let mut data = vec![0u8; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            let s = scales_f[(r / br) * nbc + c / bc];
+            data[r * cols + c] = e4m3_encode(x[r * cols + c] / s);
+        }
+    }
+    let scales = match scale {
+        ScaleFormat::F32 => Scales::F32(scales_f),
+        ScaleFormat::Ue8m0 => Scales::Bytes(
+            scales_f
+                .iter()
+                .map(|&s| ue8m0_encode_pow2(fp8::floor_log2(s)))
+                .collect(),
+        ),
+    };
+    QuantMatrix {
+        format,
+        rows,
+        cols,
+        data,
+        scales,
+        tensor_scale: 1.0,
+    }
+}
+
+fn quantize_fp4(x: &[f32], rows: usize, cols: usize, format: QuantFormat) -> QuantMatrix {
+    let bc = format.block_cols();
+    let nbc = cols / bc;
+    let tensor_scale = if format == QuantFormat::Nvfp4 {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        if amax > 0.0 {
+            amax / (fp8::E4M3_MAX * fp4::E2M1_MAX)
+        } else {
+            1.0
+        }
+    } else {
+        1.0
+    };
+    let mut scale_bytes = vec![0u8; rows * nbc];
+    let mut data = vec![0u8; rows * cols / 2];
+    for r in 0..rows {
+        for bj in 0..nbc {
+            let blk = &x[r * cols + bj * bc..r * cols + (bj + 1) * bc];
+            let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let (byte, s) = if format == QuantFormat::Mxfp4 {
+                let p = ceil_log2(amax.max(fp4::E2M1_MAX * exp2i(-126)) / fp4::E2M1_MAX);
+                let b = ue8m0_encode_pow2(p);
+                (b, ue8m0_decode(b))
+            } else {
+                let floor = fp4::E2M1_MAX * exp2i(-9);
+                let b = e4m3_encode((amax / tensor_scale).max(floor) / fp4::E2M1_MAX);
+                (b, e4m3_decode(b) * tensor_scale)
+            };
+            scale_bytes[r * nbc + bj] = byte;
+            for (i, &v) in blk.iter().enumerate() {
+                let j = r * cols + bj * bc + i;
+                let code = e2m1_encode((v / s).clamp(-fp4::E2M1_MAX, fp4::E2M1_MAX));
+                data[j / 2] |= if j.is_multiple_of(2) { code } else { code << 4 };
+            }
+        }
+    }
+    QuantMatrix {
+        format,
+        rows,
+        cols,
+        data,
+        scales: Scales::Bytes(scale_bytes),
+        tensor_scale,
+    }
+}
+
+/// The quantisation round trips the NumPy reference applies in QAT mode, along the last axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FakeQuant {
+    /// `qat_fp8`: e4m3 values, one power-of-two scale per `block` channels (amax floor 1e-4).
+    Fp8 {
+        /// Channels per scale.
+        block: usize,
+    },
+    /// `qat_mxfp4`: e2m1 values, one power-of-two scale per `block` channels.
+    Mxfp4 {
+        /// Channels per scale.
+        block: usize,
+    },
+    /// `qat_nvfp4`: e2m1 values, one e4m3 scale (amax / 6 rounded) per `block` channels.
+    Nvfp4 {
+        /// Channels per scale.
+        block: usize,
+    },
+}
+
+impl FakeQuant {
+    /// Channels per scale.
+    pub fn block(&self) -> usize {
+        match *self {
+            FakeQuant::Fp8 { block } | FakeQuant::Mxfp4 { block } | FakeQuant::Nvfp4 { block } => {
+                block
+            }
+        }
+    }
+
+    /// Applies the round trip in place to one block of values.
+    pub fn apply_block(&self, g: &mut [f32]) {
+        let amax = g.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        match *self {
+            FakeQuant::Fp8 { .. } => {
+                let s = exp2i(ceil_log2(amax.max(1e-4) / fp8::E4M3_MAX));
+                for v in g.iter_mut() {
+                    *v = round_e4m3(*v / s) * s;
+                }
+            }
+            FakeQuant::Mxfp4 { .. } => {
+                let s = exp2i(ceil_log2(
+                    amax.max(fp4::E2M1_MAX * exp2i(-126)) / fp4::E2M1_MAX,
+                ));
+                for v in g.iter_mut() {
+                    *v = round_e2m1((*v / s).clamp(-6.0, 6.0)) * s;
+                }
+            }
+            FakeQuant::Nvfp4 { .. } => {
+                let s = round_e4m3(amax.max(fp4::E2M1_MAX * exp2i(-9)) / fp4::E2M1_MAX);
+                for v in g.iter_mut() {
+                    *v = round_e2m1((*v / s).clamp(-6.0, 6.0)) * s;
+                }
+            }
+        }
+    }
+}
