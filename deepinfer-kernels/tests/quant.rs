@@ -1,0 +1,237 @@
+//! Quantised formats: scalar codecs, quantise / dequantise error bounds, GEMV against them.
+
+mod common;
+
+use common::{Rng, assert_close, linear64, to64};
+use deepinfer_kernels::quant::fp4::{E2M1_VALUES, e2m1_decode, e2m1_encode};
+use deepinfer_kernels::quant::fp8::{E4M3_LUT, e4m3_decode, e4m3_encode, ue8m0_decode};
+use deepinfer_kernels::{
+    Backend, CpuBackend, DType, QuantFormat, QuantMatrix, ScaleFormat, TensorInfo,
+};
+use proptest::prelude::*;
+
+#[test]
+fn e4m3_codec_round_trips_every_finite_byte() {
+    for b in 0u8..=255 {
+        let v = e4m3_decode(b);
+        if v.is_nan() {
+            assert!(b & 0x7f == 0x7f);
+            continue;
+        }
+        let back = e4m3_encode(v);
+        // ±0 both decode to 0; everything else is exact.
+        assert_eq!(e4m3_decode(back), v, "byte {b:#x}");
+        if v != 0.0 {
+            assert_eq!(back, b);
+        }
+    }
+    assert_eq!(e4m3_decode(0x7e), 448.0);
+    assert_eq!(e4m3_decode(0x01), 2f32.powi(-9));
+    assert_eq!(e4m3_encode(1e6), 0x7e, "saturates");
+    assert_eq!(E4M3_LUT[0x38], 1.0);
+    assert_eq!(ue8m0_decode(127), 1.0);
+    assert_eq!(ue8m0_decode(130), 8.0);
+}
+
+#[test]
+fn e2m1_codec() {
+    for (c, &v) in E2M1_VALUES.iter().enumerate() {
+        assert_eq!(e2m1_encode(v), c as u8);
+        assert_eq!(e2m1_encode(-v) & 7, c as u8);
+        assert_eq!(e2m1_decode(c as u8), v);
+    }
+    assert_eq!(e2m1_decode(e2m1_encode(0.75)), 1.0, "tie to even");
+    assert_eq!(e2m1_decode(e2m1_encode(2.5)), 2.0, "tie to even");
+    assert_eq!(e2m1_decode(e2m1_encode(5.0)), 4.0, "tie to even");
+    assert_eq!(e2m1_decode(e2m1_encode(100.0)), 6.0, "saturates");
+}
+
+fn formats() -> Vec<(QuantFormat, f64)> {
+    // (format, bound on |err| / block amax): half an ulp at the top binade, plus slack for the
+    // coarser power-of-two scales.
+    vec![
+        (
+            QuantFormat::Fp8 {
+                block_rows: 4,
+                block_cols: 32,
+                scale: ScaleFormat::F32,
+            },
+            1.0 / 16.0,
+        ),
+        (
+            QuantFormat::Fp8 {
+                block_rows: 1,
+                block_cols: 32,
+                scale: ScaleFormat::Ue8m0,
+            },
+            1.0 / 8.0,
+        ),
+        (QuantFormat::Mxfp4, 0.5),
+        (QuantFormat::Nvfp4, 0.25),
+    ]
+}
+
+#[test]
+fn quantize_dequantize_error_is_bounded() {
+    let mut rng = Rng::new(9);
+    let (rows, cols) = (8, 96);
+    let x = rng.vec(rows * cols, 2.0);
+    for (f, bound) in formats() {
+        let q = QuantMatrix::quantize(&x, rows, cols, f).unwrap();
+        assert_eq!(
+            q.format().dtype(),
+            match f {
+                QuantFormat::Fp8 { .. } => DType::F8E4M3,
+                QuantFormat::Mxfp4 => DType::Mxfp4,
+                QuantFormat::Nvfp4 => DType::Nvfp4,
+            }
+        );
+        let y = q.dequantize();
+        let bc = f.block_cols();
+        for r in 0..rows {
+            for (bj, (xs, ys)) in x[r * cols..(r + 1) * cols]
+                .chunks(bc)
+                .zip(y[r * cols..(r + 1) * cols].chunks(bc))
+                .enumerate()
+            {
+                let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
+                for (a, b) in xs.iter().zip(ys) {
+                    let err = (*a as f64 - *b as f64).abs();
+                    assert!(
+                        err <= bound * amax + 1e-12,
+                        "{f:?} row {r} block {bj}: {a} -> {b}"
+                    );
+                }
+            }
+        }
+        // Re-quantising the dequantised matrix is exact for power-of-two scales.
+        if matches!(
+            f,
+            QuantFormat::Mxfp4
+                | QuantFormat::Fp8 {
+                    scale: ScaleFormat::Ue8m0,
+                    ..
+                }
+        ) {
+            let q2 = QuantMatrix::quantize(&y, rows, cols, f).unwrap();
+            assert_eq!(q2.dequantize(), y, "{f:?} idempotent");
+        }
+    }
+}
+
+#[test]
+fn quantize_rejects_bad_input() {
+    assert!(
+        QuantMatrix::quantize(&[1.0; 10], 1, 10, QuantFormat::Mxfp4).is_err(),
+        "cols not a multiple of 32"
+    );
+    assert!(
+        QuantMatrix::quantize(&[1.0; 32], 2, 32, QuantFormat::Mxfp4).is_err(),
+        "length"
+    );
+    assert!(
+        QuantMatrix::quantize(&[f32::NAN; 32], 1, 32, QuantFormat::Mxfp4).is_err(),
+        "NaN"
+    );
+    assert!(
+        QuantMatrix::from_parts(
+            QuantFormat::Mxfp4,
+            1,
+            32,
+            vec![0; 16],
+            None,
+            Some(vec![127; 2]),
+            1.0
+        )
+        .is_err()
+    );
+    let ok = QuantMatrix::from_parts(
+        QuantFormat::Mxfp4,
+        1,
+        32,
+        vec![0x22; 16],
+        None,
+        Some(vec![128]),
+        1.0,
+    )
+    .unwrap();
+    assert_eq!(ok.dequantize(), vec![2.0; 32]);
+}
+
+#[test]
+fn gemv_and_gemm_against_quantised_weights() {
+    let mut rng = Rng::new(10);
+    let (n, k) = (40, 128);
+    let w = rng.vec(n * k, 1.0);
+    for (f, _) in formats() {
+        let q = QuantMatrix::quantize(&w, n, k, f).unwrap();
+        let deq = q.dequantize();
+        for b in [CpuBackend::new(), CpuBackend::batch_invariant()] {
+            let wt = b.upload_quant(&q).unwrap();
+            assert_eq!(wt.shape(), &[n, k]);
+            for m in [1usize, 3, 16] {
+                let x = rng.vec(m * k, 1.0);
+                let xt = b.upload_f32(&x, &[m, k]).unwrap();
+                let y = b.download_f32(&b.matmul(&xt, &wt).unwrap()).unwrap();
+                assert_close(
+                    &format!("{f:?} m={m}"),
+                    &y,
+                    &linear64(&to64(&x), m, k, &to64(&deq), n),
+                    1e-4,
+                    1e-5,
+                );
+                // Same bits as multiplying by the dequantised f32 matrix on the dot path.
+                if m < 8 || b.config().batch_invariant {
+                    let yf = b
+                        .download_f32(
+                            &b.matmul(&xt, &b.upload_f32(&deq, &[n, k]).unwrap())
+                                .unwrap(),
+                        )
+                        .unwrap();
+                    assert_eq!(y, yf);
+                }
+            }
+            // Embedding rows from a quantised table.
+            let ids = b.upload_i32(&[3, 0], &[2]).unwrap();
+            let g = b.download_f32(&b.gather_rows(&wt, &ids).unwrap()).unwrap();
+            assert_eq!(&g[..k], &deq[3 * k..4 * k]);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Dequantised values are exactly representable: e4m3 / e2m1 code times the block scale.
+    #[test]
+    fn nvfp4_and_mxfp4_dequantise_to_grid(seed in 0u64..10_000, scale in 0.001f32..100.0) {
+        let mut rng = Rng::new(seed);
+        let x = rng.vec(64, scale);
+        for f in [QuantFormat::Mxfp4, QuantFormat::Nvfp4] {
+            let q = QuantMatrix::quantize(&x, 1, 64, f).unwrap();
+            let y = q.dequantize();
+            let bc = f.block_cols();
+            for (bj, ys) in y.chunks(bc).enumerate() {
+                let s = q.block_scale(0, bj);
+                for v in ys {
+                    let code = (v / s).abs();
+                    prop_assert!(E2M1_VALUES.iter().any(|&g| (g - code).abs() <= 1e-6 * g.max(1.0)), "{} / {} not on the grid", v, s);
+                }
+            }
+        }
+    }
+
+    /// The FP8 round trip keeps the sign and never grows a value past its block maximum.
+    #[test]
+    fn fp8_keeps_sign_and_bound(seed in 0u64..10_000) {
+        let mut rng = Rng::new(seed);
+        let x = rng.vec(4 * 64, 10.0);
+        let f = QuantFormat::Fp8 { block_rows: 2, block_cols: 32, scale: ScaleFormat::F32 };
+        let y = QuantMatrix::quantize(&x, 4, 64, f).unwrap().dequantize();
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (a, b) in x.iter().zip(&y) {
+            prop_assert!(*b == 0.0 || a.signum() == b.signum());
+            prop_assert!(b.abs() <= amax * (1.0 + 1e-6));
+        }
+    }
+}
