@@ -12,6 +12,7 @@
 use crate::DType;
 use crate::error::Result;
 use crate::quant::{FakeQuant, QuantMatrix};
+use crate::sampling::SampleRow;
 
 /// What every backend's tensor handle tells about itself.
 pub trait TensorInfo {
@@ -321,4 +322,22 @@ pub trait Backend: Send + Sync {
     /// The QAT round trip of the NumPy reference along the last axis (its size must be a
     /// multiple of the block).
     fn fake_quant(&self, x: &Self::Tensor, f: FakeQuant) -> Result<Self::Tensor>;
+
+    // ---- sampling --------------------------------------------------------------------------
+
+    /// Samples one token per row of `logits[S, V]` with the fixed-point / Philox contract of
+    /// [`crate::sampling`] (the same token `deepinfer-sample` picks at that temperature with no
+    /// other filter) → i32 `[S]`. The default downloads the logits and runs the CPU kernel.
+    fn sample(&self, logits: &Self::Tensor, rows: &[SampleRow]) -> Result<Self::Tensor> {
+        let shape = logits.shape().to_vec();
+        if shape.len() != 2 || shape[0] != rows.len() {
+            return Err(crate::error::shape_err(
+                "sample",
+                format!("logits {shape:?} for {} rows", rows.len()),
+            ));
+        }
+        let v = self.download_f32(logits)?;
+        let ids = crate::sampling::sample_rows(&v, shape[1], rows)?;
+        self.upload_i32(&ids, &[rows.len()])
+    }
 }

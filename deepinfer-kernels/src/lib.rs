@@ -6,6 +6,7 @@ pub mod dtype;
 pub mod error;
 pub mod quant;
 pub mod rope;
+pub mod sampling;
 
 pub use backend::{Backend, ExpertWeights, HcMixes, RouteParams, RouteScore, TensorInfo, Unary};
 pub use cpu::{CpuBackend, CpuConfig, CpuTensor};
@@ -13,6 +14,7 @@ pub use dtype::DType;
 pub use error::{KernelError, Result};
 pub use quant::{FakeQuant, QuantFormat, QuantMatrix, ScaleFormat};
 pub use rope::{RopeParams, YarnParams};
+pub use sampling::SampleRow;
 
 /// The crate's version, as packaged.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
