@@ -1,33 +1,34 @@
-//! Draft candidates as sortable keys: the running product of confidences packed with the
-//! request and position, so one integer sort orders the whole batch.
+//! Draft candidates of a batch and their order: by running product, best first.
 //!
-//! Key layout (`u128`, sorted ascending): the high 64 bits are the bitwise complement of the
-//! running product's IEEE bits (for non-negative floats the bit pattern is monotone in the value,
-//! so complementing sorts larger products first); then 32 bits of request index and 32 bits of
-//! draft position. Ties in the product therefore break by (request, position) ascending, which
-//! keeps every request's selection a prefix of its drafts: along one request the product never
-//! grows, and among equal products the earlier position sorts first.
+//! The order is total and deterministic: larger product first; equal products by request index,
+//! then position. That keeps every request's selection a prefix of its drafts (along a request
+//! the product never grows, and among equal products the earlier position comes first), and it
+//! is the order a device kernel must reproduce for `split` to match bit for bit.
+//!
+//! Sorting is the planner's hot spot, so it is a stable LSD radix sort (two 8-bit passes) on a
+//! 16-bit key: the distance of the product's IEEE bit pattern from that of 1.0 (monotone for
+//! non-negative floats, roughly logarithmic in the value), shifted to the batch's range. The
+//! key carries the flat draft index; input is in flat (request, position) order, so stability
+//! gives the index tie-break for free. Products that share a key are then put in exact order by a
+//! pass over the runs of equal keys (insertion sort for short runs, a comparison sort for long
+//! ones, so an adversarial batch costs `O(n log n)`, not `O(n²)`).
 
 use crate::error::SpecError;
 
-/// Packs one candidate.
-#[inline]
-pub(crate) fn key(product: f64, request: usize, position: usize) -> u128 {
-    // `+ 0.0` turns a possible -0.0 into +0.0 so the bit trick stays monotone.
-    let bits = (product + 0.0).to_bits();
-    ((!bits as u128) << 64) | ((request as u128) << 32) | position as u128
-}
+/// Bits of 1.0: every product in `[0, 1]` has bits `≤ ONE_BITS`, and `ONE_BITS − bits` grows as
+/// the product falls.
+const ONE_BITS: u64 = 0x3FF0_0000_0000_0000;
 
-/// The running product stored in a key.
-#[inline]
-pub(crate) fn product(key: u128) -> f64 {
-    f64::from_bits(!((key >> 64) as u64))
-}
-
-/// The request index stored in a key.
-#[inline]
-pub(crate) fn request(key: u128) -> usize {
-    ((key >> 32) as u32) as usize
+/// Reusable buffers holding one batch's candidates.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Candidates {
+    /// Exact running product per flat draft index.
+    prod: Vec<f64>,
+    /// Request of each flat draft index.
+    req: Vec<u32>,
+    /// `(key16 << 32) | flat index`, sorted best first after [`Candidates::sort`].
+    items: Vec<u64>,
+    tmp: Vec<u64>,
 }
 
 /// Checks one confidence.
@@ -44,35 +45,164 @@ pub(crate) fn check(request: usize, position: usize, value: f64) -> Result<(), S
     }
 }
 
-/// Validates every confidence and appends one key per draft (at most `max_drafts` per request)
-/// to `keys`, which is cleared first.
-pub(crate) fn build<C: AsRef<[f64]>>(
-    requests: &[C],
-    max_drafts: usize,
-    keys: &mut Vec<u128>,
-) -> Result<(), SpecError> {
-    if requests.is_empty() {
-        return Err(SpecError::EmptyBatch);
-    }
-    if requests.len() > u32::MAX as usize {
-        return Err(SpecError::BatchTooLarge {
-            requests: requests.len(),
-            max: u32::MAX as usize,
-        });
-    }
-    keys.clear();
-    for (r, confs) in requests.iter().enumerate() {
-        let confs = confs.as_ref();
-        let mut a = 1.0f64;
-        for (i, &c) in confs.iter().enumerate() {
-            check(r, i, c)?;
-            if i < max_drafts {
-                a *= c;
-                keys.push(key(a, r, i));
+/// Runs of equal keys up to this length are fixed by insertion sort.
+const INSERTION_RUN: usize = 24;
+
+#[inline]
+fn distance(product: f64) -> u64 {
+    // `+ 0.0` turns -0.0 into +0.0 so the bit pattern stays monotone.
+    ONE_BITS - (product + 0.0).to_bits()
+}
+
+impl Candidates {
+    /// Validates every confidence and loads the drafts (at most `max_drafts` per request), in
+    /// flat (request, position) order.
+    pub(crate) fn build<C: AsRef<[f64]>>(
+        &mut self,
+        requests: &[C],
+        max_drafts: usize,
+    ) -> Result<(), SpecError> {
+        if requests.is_empty() {
+            return Err(SpecError::EmptyBatch);
+        }
+        self.prod.clear();
+        self.req.clear();
+        self.items.clear();
+        for (r, confs) in requests.iter().enumerate() {
+            let confs = confs.as_ref();
+            let mut a = 1.0f64;
+            for (i, &c) in confs.iter().enumerate() {
+                check(r, i, c)?;
+                if i < max_drafts {
+                    a *= c;
+                    self.prod.push(a);
+                    self.req.push(r as u32);
+                }
             }
         }
+        if requests.len() > u32::MAX as usize || self.prod.len() > u32::MAX as usize {
+            return Err(SpecError::BatchTooLarge {
+                requests: requests.len(),
+                max: u32::MAX as usize,
+            });
+        }
+        let (mut lo, mut hi) = (u64::MAX, 0u64);
+        for &a in &self.prod {
+            let d = distance(a);
+            lo = lo.min(d);
+            hi = hi.max(d);
+        }
+        // The top 16 significant bits of the distance above the batch's best product: a
+        // monotone key that spends its resolution on the range actually present.
+        let shift = (64 - (hi.wrapping_sub(lo)).leading_zeros()).saturating_sub(16);
+        self.items.extend(
+            self.prod
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| (((distance(a) - lo) >> shift) << 32) | i as u64),
+        );
+        Ok(())
     }
-    Ok(())
+
+    /// Number of drafts loaded.
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Sorts the drafts best first (see the module docs for the order).
+    pub(crate) fn sort(&mut self) {
+        let n = self.items.len();
+        if n < 2 {
+            return;
+        }
+        let mut counts = [[0u32; 256]; 2];
+        for &item in &self.items {
+            counts[0][((item >> 32) & 0xFF) as usize] += 1;
+            counts[1][((item >> 40) & 0xFF) as usize] += 1;
+        }
+        self.tmp.clear();
+        self.tmp.resize(n, 0);
+        for (p, count) in counts.iter().enumerate() {
+            let shift = 32 + 8 * p;
+            let first = ((self.items[0] >> shift) & 0xFF) as usize;
+            if count[first] as usize == n {
+                continue; // Every key shares this digit.
+            }
+            let mut offsets = [0u32; 256];
+            let mut sum = 0;
+            for (o, &c) in offsets.iter_mut().zip(count) {
+                *o = sum;
+                sum += c;
+            }
+            for &item in &self.items {
+                let d = ((item >> shift) & 0xFF) as usize;
+                self.tmp[offsets[d] as usize] = item;
+                offsets[d] += 1;
+            }
+            std::mem::swap(&mut self.items, &mut self.tmp);
+        }
+        self.fix_up_runs();
+    }
+
+    /// Exact order inside runs of equal keys. Runs arrive in index order (the tie-break), so
+    /// only products that differ need moving.
+    fn fix_up_runs(&mut self) {
+        let (items, prod) = (&mut self.items, &self.prod);
+        let n = items.len();
+        let mut start = 0;
+        while start < n {
+            let key = items[start] >> 32;
+            let mut end = start + 1;
+            while end < n && items[end] >> 32 == key {
+                end += 1;
+            }
+            let run = &mut items[start..end];
+            if run.len() > INSERTION_RUN {
+                run.sort_unstable_by(|&x, &y| {
+                    let (ax, ay) = (prod[(x as u32) as usize], prod[(y as u32) as usize]);
+                    // Products are in [0, 1] (never NaN): larger first, then lower index.
+                    ay.partial_cmp(&ax)
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                        .then((x as u32).cmp(&(y as u32)))
+                });
+            } else {
+                for i in 1..run.len() {
+                    let item = run[i];
+                    let a = prod[(item as u32) as usize];
+                    let mut j = i;
+                    while j > 0 && prod[(run[j - 1] as u32) as usize] < a {
+                        run[j] = run[j - 1];
+                        j -= 1;
+                    }
+                    run[j] = item;
+                }
+            }
+            start = end;
+        }
+    }
+
+    /// The `j`-th best draft (after [`Candidates::sort`]): `(product, request)`.
+    #[cfg(test)]
+    #[inline]
+    pub(crate) fn get(&self, j: usize) -> (f64, usize) {
+        let i = (self.items[j] as u32) as usize;
+        (self.prod[i], self.req[i] as usize)
+    }
+
+    /// Products of the first `m` drafts in order.
+    #[inline]
+    pub(crate) fn products(&self, m: usize) -> impl Iterator<Item = f64> + '_ {
+        self.items[..m]
+            .iter()
+            .map(|&it| self.prod[(it as u32) as usize])
+    }
+
+    /// Adds one draft row per request for each of the first `m` drafts into `rows`.
+    pub(crate) fn count_into(&self, m: usize, rows: &mut [usize]) {
+        for &it in &self.items[..m] {
+            rows[self.req[(it as u32) as usize] as usize] += 1;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -80,22 +210,81 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_order_by_product_then_request_then_position() {
-        let mut ks = [
-            key(0.5, 0, 1),
-            key(0.9, 1, 0),
-            key(0.5, 0, 0),
-            key(0.0, 0, 2),
-            key(-0.0, 1, 1),
-            key(1.0, 2, 0),
-        ];
-        ks.sort_unstable();
-        let got: Vec<(f64, usize)> = ks.iter().map(|&k| (product(k), request(k))).collect();
+    fn order_is_product_then_request_then_position() {
+        let mut c = Candidates::default();
+        // Products: r0: 0.5, 0.5·0.999…; r1: 0.9, 0.0; r2: 0.5, -0.0 → 0.
+        let near = 1.0 - 1e-15;
+        c.build(
+            &[vec![0.5, near], vec![0.9, 0.0], vec![0.5, -0.0]],
+            usize::MAX,
+        )
+        .unwrap();
+        c.sort();
+        let got: Vec<(f64, usize)> = (0..c.len()).map(|j| c.get(j)).collect();
         assert_eq!(
             got,
-            [(1.0, 2), (0.9, 1), (0.5, 0), (0.5, 0), (0.0, 0), (0.0, 1)]
+            [
+                (0.9, 1),
+                (0.5, 0),
+                (0.5, 2),
+                (0.5 * near, 0),
+                (0.0, 1),
+                (0.0, 2)
+            ]
         );
-        assert_eq!(ks[2] as u32, 0);
-        assert_eq!(ks[3] as u32, 1);
+    }
+
+    fn reference_order(batch: &[Vec<f64>]) -> Vec<(f64, usize)> {
+        let mut want: Vec<(f64, usize, usize)> = Vec::new();
+        for (r, confs) in batch.iter().enumerate() {
+            let mut a = 1.0;
+            for (i, &x) in confs.iter().enumerate() {
+                a *= x;
+                want.push((a, r, i));
+            }
+        }
+        want.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+        want.iter().map(|w| (w.0, w.1)).collect()
+    }
+
+    fn sorted(batch: &[Vec<f64>]) -> Vec<(f64, usize)> {
+        let mut c = Candidates::default();
+        c.build(batch, usize::MAX).unwrap();
+        c.sort();
+        (0..c.len()).map(|j| c.get(j)).collect()
+    }
+
+    #[test]
+    fn long_runs_of_one_key_are_ordered_exactly() {
+        // One outlier at 0 squeezes everything else into the same few keys.
+        let mut batch: Vec<Vec<f64>> = (0..300)
+            .map(|r| vec![0.9 + 1e-7 * ((r * 7919) % 300) as f64])
+            .collect();
+        batch.push(vec![0.0]);
+        assert_eq!(sorted(&batch), reference_order(&batch));
+    }
+
+    #[test]
+    fn radix_order_matches_a_comparison_sort() {
+        let mut s = 12345u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let batch: Vec<Vec<f64>> = (0..200)
+            .map(|r| {
+                (0..(r % 7))
+                    .map(|_| match (next() * 10.0) as u32 {
+                        0 => 1.0,
+                        1 => 0.0,
+                        2 => 0.5,
+                        _ => next(),
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(sorted(&batch), reference_order(&batch));
     }
 }

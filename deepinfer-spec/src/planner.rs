@@ -1,7 +1,7 @@
 //! The verification budget planner: pools every draft of the batch, ranks them by running
 //! product and keeps the total that maximises expected tokens per millisecond.
 
-use crate::candidates;
+use crate::candidates::Candidates;
 use crate::error::SpecError;
 use crate::plan::{CurvePoint, Plan};
 use crate::step_time::StepTimeModel;
@@ -53,7 +53,7 @@ pub struct PlannerConfig {
 pub struct Planner {
     model: StepTimeModel,
     config: PlannerConfig,
-    keys: Vec<u128>,
+    candidates: Candidates,
     curve: Vec<CurvePoint>,
 }
 
@@ -68,7 +68,7 @@ impl Planner {
         Ok(Self {
             model,
             config,
-            keys: Vec::new(),
+            candidates: Candidates::default(),
             curve: Vec::new(),
         })
     }
@@ -117,7 +117,7 @@ impl Planner {
         out: &mut Plan,
     ) -> Result<(), SpecError> {
         let max_drafts = self.config.max_drafts_per_request.unwrap_or(usize::MAX);
-        candidates::build(requests, max_drafts, &mut self.keys)?;
+        self.candidates.build(requests, max_drafts)?;
         let n_req = requests.len();
         let limit = self.row_limit();
         if n_req > limit {
@@ -126,8 +126,8 @@ impl Planner {
                 max: limit,
             });
         }
-        let usable = self.keys.len().min(limit - n_req);
-        self.keys.sort_unstable();
+        let usable = self.candidates.len().min(limit - n_req);
+        self.candidates.sort();
 
         self.curve.clear();
         let mut cursor = self.model.cursor();
@@ -141,8 +141,8 @@ impl Planner {
         let (mut best_drafts, mut best_tokens, mut best_ms) = (0usize, tokens, ms);
         let mut best_ratio = tokens / ms;
         let mut prev_ratio = best_ratio;
-        for (j, &key) in self.keys[..usable].iter().enumerate() {
-            tokens += candidates::product(key);
+        for (j, a) in self.candidates.products(usable).enumerate() {
+            tokens += a;
             let rows = n_req + j + 1;
             let ms = cursor.at(rows);
             let ratio = tokens / ms;
@@ -162,9 +162,7 @@ impl Planner {
 
         out.draft_rows.clear();
         out.draft_rows.resize(n_req, 0);
-        for &key in &self.keys[..best_drafts] {
-            out.draft_rows[candidates::request(key)] += 1;
-        }
+        self.candidates.count_into(best_drafts, &mut out.draft_rows);
         out.total_rows = n_req + best_drafts;
         out.expected_tokens = best_tokens;
         out.predicted_ms = best_ms;

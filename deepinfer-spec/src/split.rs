@@ -1,13 +1,13 @@
 //! Overlapped mode: the total draft budget `K` is fixed from stale confidences; fresh
 //! confidences then decide which `K` drafts run.
 
-use crate::candidates;
+use crate::candidates::Candidates;
 use crate::error::SpecError;
 
 /// Reusable buffers for [`split_into`].
 #[derive(Debug, Clone, Default)]
 pub struct SplitScratch {
-    keys: Vec<u128>,
+    candidates: Candidates,
 }
 
 impl SplitScratch {
@@ -43,20 +43,17 @@ pub fn split_into<C: AsRef<[f64]>>(
     scratch: &mut SplitScratch,
     out: &mut Vec<usize>,
 ) -> Result<(), SpecError> {
-    candidates::build(fresh, usize::MAX, &mut scratch.keys)?;
+    let c = &mut scratch.candidates;
+    c.build(fresh, usize::MAX)?;
     out.clear();
     out.resize(fresh.len(), 0);
-    let keys = &mut scratch.keys;
-    let take = k.min(keys.len());
+    let take = k.min(c.len());
     if take == 0 {
         return Ok(());
     }
-    if take < keys.len() {
-        // Keys are unique, so the `take` smallest are exactly the `take` best drafts.
-        keys.select_nth_unstable(take);
+    if take < c.len() {
+        c.sort();
     }
-    for &key in &keys[..take] {
-        out[candidates::request(key)] += 1;
-    }
+    c.count_into(take, out);
     Ok(())
 }

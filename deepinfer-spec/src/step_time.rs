@@ -201,12 +201,18 @@ impl StepTimeModel {
                 if seg == 0 || self.rows[seg] == rows {
                     ms[seg]
                 } else {
-                    let (x0, x1) = (self.rows[seg - 1] as f64, self.rows[seg] as f64);
-                    let t = (rows as f64 - x0) / (x1 - x0);
-                    ms[seg - 1] + t * (ms[seg] - ms[seg - 1])
+                    let (x0, slope) = self.segment(ms, seg);
+                    ms[seg - 1] + (rows as f64 - x0) * slope
                 }
             }
         }
+    }
+
+    /// Left end and slope of linear segment `seg` (`seg ≥ 1`).
+    #[inline]
+    fn segment(&self, ms: &[f64], seg: usize) -> (f64, f64) {
+        let (x0, x1) = (self.rows[seg - 1] as f64, self.rows[seg] as f64);
+        (x0, (ms[seg] - ms[seg - 1]) / (x1 - x0))
     }
 
     /// A cursor for predictions at non-decreasing row counts in amortised `O(1)` each (the
@@ -215,14 +221,19 @@ impl StepTimeModel {
         Cursor {
             model: self,
             seg: 0,
+            x0: 0.0,
+            slope: 0.0,
         }
     }
 }
 
-/// Walks the table forward for non-decreasing row counts.
+/// Walks the table forward for non-decreasing row counts, caching the current segment so each
+/// prediction is one multiply-add (and gives exactly what [`StepTimeModel::predict`] gives).
 pub(crate) struct Cursor<'a> {
     model: &'a StepTimeModel,
     seg: usize,
+    x0: f64,
+    slope: f64,
 }
 
 impl Cursor<'_> {
@@ -230,10 +241,24 @@ impl Cursor<'_> {
     #[inline]
     pub(crate) fn at(&mut self, rows: usize) -> f64 {
         let m = self.model;
-        while m.rows[self.seg] < rows {
-            self.seg += 1;
+        if m.rows[self.seg] < rows {
+            while m.rows[self.seg] < rows {
+                self.seg += 1;
+            }
+            if self.seg > 0 {
+                (self.x0, self.slope) = m.segment(&m.ms, self.seg);
+            }
         }
-        m.eval(&m.ms, self.seg, rows)
+        match m.shape {
+            TableShape::Staircase => m.ms[self.seg],
+            TableShape::Linear => {
+                if self.seg == 0 || m.rows[self.seg] == rows {
+                    m.ms[self.seg]
+                } else {
+                    m.ms[self.seg - 1] + (rows as f64 - self.x0) * self.slope
+                }
+            }
+        }
     }
 }
 
