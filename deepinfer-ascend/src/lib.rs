@@ -1,7 +1,19 @@
 //! # deepinfer-ascend
 //!
-//! Ascend NPU kernels, tiling planner, host runtime and CPU emulator. Part of the deepinfer workspace; see the crate README.
+//! Ascend NPU decode kernels: tiling planner, Ascend C sources, source lint, CPU emulator of the
+//! tiled algorithms, and a host runtime that loads AscendCL at run time.
 #![doc = include_str!("../README.md")]
+
+pub mod chip;
+pub mod emu;
+pub mod error;
+pub mod kernels;
+pub mod lint;
+pub mod mx;
+pub mod tiling;
+
+pub use chip::{Chip, ChipSpec};
+pub use error::{AscendError, Result};
 
 /// The crate's version, as packaged.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
