@@ -6,6 +6,7 @@
 //! persistent store).
 
 use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 /// The 128-bit hash of one full block and, through its parent, of the whole prefix before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -87,6 +88,8 @@ pub struct BlockHasher {
     algo: HashAlgo,
     seed: u64,
     buf: Vec<u8>,
+    /// Little-endian copy of the tokens, used only on big-endian targets.
+    le: Vec<u8>,
 }
 
 impl BlockHasher {
@@ -97,6 +100,7 @@ impl BlockHasher {
             algo,
             seed,
             buf: Vec::new(),
+            le: Vec::new(),
         }
     }
 
@@ -124,22 +128,31 @@ impl BlockHasher {
             }
         }
         buf.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
-        push_tokens_le(buf, tokens);
-        if !keys.is_empty() {
-            encode_keys(buf, tokens.len(), block_start, keys);
-        }
-        BlockHash(match self.algo {
-            HashAlgo::Xxh3_128 => xxhash_rust::xxh3::xxh3_128_with_seed(buf, self.seed),
+        match self.algo {
+            HashAlgo::Xxh3_128 => {
+                // Hash the token ids in place (no copy), then the short header with that digest:
+                // H(tag, parent, len, H_seed(tokens), keys).
+                let th = xxh3_128_with_seed(token_bytes_le(tokens, &mut self.le), self.seed);
+                buf.extend_from_slice(&th.to_le_bytes());
+                if !keys.is_empty() {
+                    encode_keys(buf, tokens.len(), block_start, keys);
+                }
+                BlockHash(xxh3_128_with_seed(buf, self.seed))
+            }
             HashAlgo::Sha256 => {
+                if !keys.is_empty() {
+                    encode_keys(buf, tokens.len(), block_start, keys);
+                }
                 let mut h = Sha256::new();
                 h.update(self.seed.to_le_bytes());
                 h.update(&buf[..]);
+                h.update(token_bytes_le(tokens, &mut self.le));
                 let d = h.finalize();
                 let mut first = [0u8; 16];
                 first.copy_from_slice(&d[..16]);
-                u128::from_le_bytes(first)
+                BlockHash(u128::from_le_bytes(first))
             }
-        })
+        }
     }
 
     /// Hashes of every *full* block of `tokens` (a trailing partial block gets no hash), chained
@@ -163,19 +176,26 @@ impl BlockHasher {
     }
 }
 
-fn push_tokens_le(buf: &mut Vec<u8>, tokens: &[u32]) {
+/// The token ids as little-endian bytes: the tokens' own memory on little-endian targets,
+/// else a converted copy in `scratch`.
+fn token_bytes_le<'a>(tokens: &'a [u32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
     #[cfg(target_endian = "little")]
     {
-        // SAFETY: u32 has no padding and any byte pattern is a valid u8; the slice covers exactly
-        // the tokens' memory, and on a little-endian target that memory is the LE encoding.
-        let bytes = unsafe {
+        let _ = scratch;
+        // SAFETY: u32 has no padding and every byte pattern is a valid u8; the slice covers
+        // exactly the tokens' memory and lives as long as `tokens`. On a little-endian target
+        // that memory is the little-endian encoding.
+        unsafe {
             std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens))
-        };
-        buf.extend_from_slice(bytes);
+        }
     }
     #[cfg(not(target_endian = "little"))]
-    for t in tokens {
-        buf.extend_from_slice(&t.to_le_bytes());
+    {
+        scratch.clear();
+        for t in tokens {
+            scratch.extend_from_slice(&t.to_le_bytes());
+        }
+        scratch
     }
 }
 

@@ -10,6 +10,7 @@
 //! block whose KV has not been written yet.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::error::{KvError, Result};
 use crate::events::{CacheStats, KvEvent};
@@ -146,6 +147,27 @@ impl SequenceUsage {
     }
 }
 
+/// Sequence ids are small integers chosen by the caller: a multiplicative hash is enough and
+/// much cheaper than SipHash on the per-token path.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type SeqMap = HashMap<u64, Sequence, BuildHasherDefault<IdHasher>>;
+
 #[derive(Debug, Clone)]
 struct Sequence {
     blocks: Vec<BlockId>,
@@ -176,7 +198,7 @@ pub struct BlockManager {
     pool: BlockPool,
     cfg: BlockManagerConfig,
     hasher: BlockHasher,
-    seqs: HashMap<u64, Sequence>,
+    seqs: SeqMap,
     stats: CacheStats,
 }
 
@@ -204,7 +226,7 @@ impl BlockManager {
             hasher: BlockHasher::new(cfg.hash_algo, cfg.hash_seed),
             pool,
             cfg,
-            seqs: HashMap::new(),
+            seqs: SeqMap::default(),
             stats: CacheStats::default(),
         })
     }
@@ -429,24 +451,19 @@ impl BlockManager {
         out: &mut Vec<Slot>,
     ) -> Result<()> {
         let bs = self.cfg.block_size;
-        let s = self.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
         if !draft && s.committed != s.tokens.len() {
             return Err(KvError::DraftsPending(seq));
         }
         let len = s.tokens.len();
         let need = div_ceil(len + tokens.len(), bs).saturating_sub(s.blocks.len());
-        let available = self.pool.num_free();
-        if need > available {
-            return Err(KvError::OutOfBlocks {
-                needed: need,
-                available,
-            });
+        if need > 0 {
+            // All or nothing: allocate_n checks availability before taking any block.
+            self.pool.allocate_n(need, &mut s.blocks)?;
         }
-        let s = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
-        self.pool.allocate_n(need, &mut s.blocks)?;
         out.reserve(tokens.len());
         for p in len..len + tokens.len() {
             out.push(Slot {
@@ -520,6 +537,9 @@ impl BlockManager {
             return;
         };
         let limit = s.committed.min(s.computed) / bs;
+        if limit <= s.registered {
+            return;
+        }
         while s.hashes.len() < limit {
             let i = s.hashes.len();
             let parent = s.hashes.last().copied();

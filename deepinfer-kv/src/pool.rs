@@ -49,8 +49,6 @@ struct Meta {
     /// Which free list the block is on (only meaningful when `ref_count == 0`).
     cached: bool,
     hashed: bool,
-    hash: BlockHash,
-    parent: Option<BlockHash>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -103,6 +101,8 @@ impl PoolUsage {
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     meta: Vec<Meta>,
+    /// Hash and parent hash of each cached block (apart from `meta` to keep list walks compact).
+    keys: Vec<(BlockHash, Option<BlockHash>)>,
     empty: List,
     cached_free: List,
     index: HashIndex<BlockId>,
@@ -135,8 +135,6 @@ impl BlockPool {
                 },
                 cached: false,
                 hashed: false,
-                hash: BlockHash(0),
-                parent: None,
             })
             .collect();
         let tokens = if verify_tokens {
@@ -147,6 +145,7 @@ impl BlockPool {
         };
         Ok(Self {
             meta,
+            keys: vec![(BlockHash(0), None); num_blocks],
             empty: List {
                 head: 0,
                 tail: num_blocks as u32 - 1,
@@ -223,7 +222,7 @@ impl BlockPool {
         self.meta
             .get(block as usize)
             .filter(|m| m.hashed)
-            .map(|m| m.hash)
+            .map(|_| self.keys[block as usize].0)
     }
 
     /// The block cached under `hash`, if any (used or free).
@@ -245,9 +244,10 @@ impl BlockPool {
     ) -> Option<BlockId> {
         let b = self.lookup(hash)?;
         if self.verify_tokens {
-            let m = &self.meta[b as usize];
             let start = b as usize * self.block_size;
-            if m.parent != parent || self.tokens[start..start + self.block_size] != *tokens {
+            if self.keys[b as usize].1 != parent
+                || self.tokens[start..start + self.block_size] != *tokens
+            {
                 return None;
             }
         }
@@ -306,7 +306,7 @@ impl BlockPool {
         let m = &mut self.meta[b as usize];
         if m.hashed {
             m.hashed = false;
-            let h = m.hash;
+            let h = self.keys[b as usize].0;
             if self.index.get(&h) == Some(&b) {
                 self.index.remove(&h);
             }
@@ -423,8 +423,7 @@ impl BlockPool {
         }
         let m = &mut self.meta[block as usize];
         m.hashed = true;
-        m.hash = hash;
-        m.parent = parent;
+        self.keys[block as usize] = (hash, parent);
         self.index.insert(hash, block);
         self.emit(KvEvent::Stored {
             hash,
