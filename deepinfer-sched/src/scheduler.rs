@@ -30,6 +30,8 @@ use crate::request::{
 /// and decode inputs still being sampled). Drafts are never prefix-cached.
 pub const PLACEHOLDER_TOKEN: u32 = u32::MAX;
 
+const PLACEHOLDERS: [u32; 16] = [PLACEHOLDER_TOKEN; 16];
+
 /// How many draft rows each decode request verifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SpecMode {
@@ -260,6 +262,7 @@ pub struct Scheduler {
     // Scratch reused across steps.
     deferred: Vec<WaitKey>,
     draft_plan: Vec<usize>,
+    slot_scratch: Vec<deepinfer_kv::Slot>,
 }
 
 fn div_ceil(a: usize, b: usize) -> usize {
@@ -296,6 +299,7 @@ impl Scheduler {
             stats: SchedStats::default(),
             deferred: Vec::new(),
             draft_plan: Vec::new(),
+            slot_scratch: Vec::new(),
         })
     }
 
@@ -708,7 +712,7 @@ impl Scheduler {
             let ok = if provisional {
                 // After the update the sequence holds at most its current tokens
                 // (drafts in flight included) plus these rows.
-                let need = self.kv.blocks_needed_to_append(id, 1 + k)?;
+                let need = self.blocks_to_grow(r, 1 + k);
                 if need + reserved_blocks <= self.kv.pool().num_free() {
                     reserved_blocks += need;
                     true
@@ -912,32 +916,44 @@ impl Scheduler {
         let r = self.req(slot);
         let id = r.id;
         let input = r.tokens[r.tokens.len() - 1];
-        let need = match self.kv.blocks_needed_to_append(id, 1 + k) {
-            Ok(n) => n,
-            Err(_) => return false,
-        };
+        let need = self.blocks_to_grow(r, 1 + k);
         if need + reserved > self.kv.pool().num_free() {
             return false;
         }
-        let mut slots = Vec::new();
-        if self.kv.append(id, &[input], &mut slots).is_err() {
+        self.slot_scratch.clear();
+        if self
+            .kv
+            .append(id, &[input], &mut self.slot_scratch)
+            .is_err()
+        {
             return false;
         }
-        if k > 0 {
-            let drafts = [PLACEHOLDER_TOKEN; 16];
-            let mut left = k;
-            while left > 0 {
-                let n = left.min(drafts.len());
-                if self.kv.append_draft(id, &drafts[..n], &mut slots).is_err() {
-                    break;
-                }
-                left -= n;
+        let mut left = k;
+        while left > 0 {
+            let n = left.min(PLACEHOLDERS.len());
+            // Cannot fail: the blocks were counted above.
+            if self
+                .kv
+                .append_draft(id, &PLACEHOLDERS[..n], &mut self.slot_scratch)
+                .is_err()
+            {
+                break;
             }
+            left -= n;
         }
         let r = self.req_mut(slot);
         r.kv_len += 1;
-        r.kv_drafts = k;
+        r.kv_drafts = k - left;
         true
+    }
+
+    /// Blocks the KV manager allocates when `r`'s sequence grows by `n` tokens
+    /// (it holds exactly `ceil(len / block_size)` blocks), computed here so the
+    /// hot path does one manager call per row, not three.
+    fn blocks_to_grow(&self, r: &Req, n: usize) -> usize {
+        let bs = self.kv.block_size();
+        let len = r.kv_len + r.kv_drafts;
+        div_ceil(len + n, bs) - div_ceil(len, bs)
     }
 
     /// Draft rows per running request (indexed like `running`) for this step.
@@ -1066,11 +1082,16 @@ impl Scheduler {
                             // Accepted drafts keep their slots (see PLACEHOLDER_TOKEN).
                             self.kv.accept_drafts(r.id)?;
                         }
+                        let before = r.kv_len;
                         r.kv_len += accepted;
                         r.kv_drafts = 0;
                         // Accepted drafts were computed by this step.
                         r.scheduled += accepted;
-                        self.kv.mark_computed(r.id, r.kv_len)?;
+                        // Only full blocks become cacheable: tell the manager when one fills.
+                        let bs = self.kv.block_size();
+                        if r.kv_len / bs > (before - 1) / bs {
+                            self.kv.mark_computed(r.id, r.kv_len)?;
+                        }
                     }
                 }
             }

@@ -256,3 +256,40 @@ fn priorities_run_first_and_preempt_lower() {
     assert_eq!(done[0].id, 2);
     check_outputs(&done, &[(1, 10, 5), (2, 10, 5)]);
 }
+
+#[test]
+fn budgeted_speculation_gives_confident_requests_more_drafts() {
+    use deepinfer_spec::{Planner, PlannerConfig, StepTimeModel};
+    let mut c = cfg();
+    c.spec = SpecMode::Budgeted { max_drafts: 3 };
+    let model = StepTimeModel::staircase(&[(4, 10.0), (6, 13.0), (8, 16.0)]).unwrap();
+    let planner = Planner::new(model, PlannerConfig::default()).unwrap();
+    let mut s = scheduler(c, 64, 16).with_planner(planner);
+    s.add_request(req(1, 8, 40)).unwrap();
+    s.add_request(req(2, 8, 40)).unwrap();
+    let mut saw = None;
+    let mut done = Vec::new();
+    for _ in 0..200 {
+        if s.is_idle() {
+            break;
+        }
+        let p = s.schedule().unwrap();
+        if p.decode.len() == 2 && p.decode.iter().any(|d| d.drafts > 0) {
+            saw.get_or_insert((p.decode[0].drafts, p.decode[1].drafts));
+        }
+        let base = run(&p, &s);
+        // Same tokens; the drafter reports 0.9 confidences for request 1, 0.5 for 2.
+        let mut out = StepOutput::new(p.step);
+        let mut at = 0;
+        for r in &base.rows {
+            let toks = &base.tokens[at..at + r.num_tokens as usize];
+            at += r.num_tokens as usize;
+            let conf = if r.request == 1 { [0.9; 3] } else { [0.5; 3] };
+            out.push_with_confidences(r.request, toks, r.stop, &conf);
+        }
+        done.extend(s.update(&out).unwrap().finished);
+    }
+    // The worked example of the spec crate: A verifies three drafts, B one.
+    assert_eq!(saw, Some((3, 1)));
+    check_outputs(&done, &[(1, 8, 40), (2, 8, 40)]);
+}
