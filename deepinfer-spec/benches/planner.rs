@@ -72,6 +72,21 @@ fn benches(c: &mut Criterion) {
     c.bench_function("fixed_length_256x5", |bn| {
         bn.iter(|| fixed_length(&m, 5, black_box(&b)).unwrap())
     });
+    // Yardstick for a loaded machine: the standard library's unstable sort of as many 64-bit
+    // keys as the batch has drafts (a plan cannot be much cheaper than ordering its drafts).
+    let keys: Vec<u64> = b
+        .iter()
+        .flatten()
+        .map(|&x| x.to_bits().wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
+    let mut work = keys.clone();
+    c.bench_function("yardstick_sort_unstable_1280_u64", |bn| {
+        bn.iter(|| {
+            work.copy_from_slice(&keys);
+            work.sort_unstable();
+            black_box(&work);
+        })
+    });
 }
 
 criterion_group! {

@@ -68,6 +68,7 @@ impl Candidates {
         self.prod.clear();
         self.req.clear();
         self.items.clear();
+        let (mut lo, mut hi) = (u64::MAX, 0u64);
         for (r, confs) in requests.iter().enumerate() {
             let confs = confs.as_ref();
             let mut a = 1.0f64;
@@ -75,6 +76,9 @@ impl Candidates {
                 check(r, i, c)?;
                 if i < max_drafts {
                     a *= c;
+                    let d = distance(a);
+                    lo = lo.min(d);
+                    hi = hi.max(d);
                     self.prod.push(a);
                     self.req.push(r as u32);
                 }
@@ -85,12 +89,6 @@ impl Candidates {
                 requests: requests.len(),
                 max: u32::MAX as usize,
             });
-        }
-        let (mut lo, mut hi) = (u64::MAX, 0u64);
-        for &a in &self.prod {
-            let d = distance(a);
-            lo = lo.min(d);
-            hi = hi.max(d);
         }
         // The top 16 significant bits of the distance above the batch's best product: a
         // monotone key that spends its resolution on the range actually present.
@@ -142,6 +140,63 @@ impl Candidates {
             std::mem::swap(&mut self.items, &mut self.tmp);
         }
         self.fix_up_runs();
+    }
+
+    /// Adds one draft row per request for each of the `k` best drafts into `rows`, without
+    /// sorting everything: a radix *select*. Drafts whose key byte is below the byte holding
+    /// the `k`-th are all taken; only that byte's bucket is examined further, and only drafts
+    /// sharing the `k`-th's full key are ordered exactly. Same result as
+    /// [`Candidates::sort`] followed by [`Candidates::count_into`].
+    pub(crate) fn count_top_into(&mut self, k: usize, rows: &mut [usize]) {
+        let mut need = k.min(self.items.len());
+        if need == self.items.len() {
+            self.count_into(need, rows);
+            return;
+        }
+        // `tmp` holds the undecided drafts, in index order.
+        self.tmp.clear();
+        self.tmp.extend_from_slice(&self.items);
+        for shift in [40u32, 32] {
+            if need == 0 {
+                return;
+            }
+            let mut count = [0u32; 256];
+            for &item in &self.tmp {
+                count[((item >> shift) & 0xFF) as usize] += 1;
+            }
+            let (mut below, mut t) = (0usize, 0usize);
+            while below + count[t] as usize <= need {
+                below += count[t] as usize;
+                t += 1;
+            }
+            need -= below;
+            let mut kept = 0;
+            for i in 0..self.tmp.len() {
+                let item = self.tmp[i];
+                let b = ((item >> shift) & 0xFF) as usize;
+                if b < t {
+                    rows[self.req[(item as u32) as usize] as usize] += 1;
+                } else if b == t {
+                    self.tmp[kept] = item;
+                    kept += 1;
+                }
+            }
+            self.tmp.truncate(kept);
+        }
+        if need == 0 {
+            return;
+        }
+        // Every remaining draft shares the full key: exact order, then take `need`.
+        let prod = &self.prod;
+        self.tmp.sort_unstable_by(|&x, &y| {
+            let (ax, ay) = (prod[(x as u32) as usize], prod[(y as u32) as usize]);
+            ay.partial_cmp(&ax)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then((x as u32).cmp(&(y as u32)))
+        });
+        for &item in &self.tmp[..need] {
+            rows[self.req[(item as u32) as usize] as usize] += 1;
+        }
     }
 
     /// Exact order inside runs of equal keys. Runs arrive in index order (the tie-break), so
@@ -252,6 +307,51 @@ mod tests {
         c.build(batch, usize::MAX).unwrap();
         c.sort();
         (0..c.len()).map(|j| c.get(j)).collect()
+    }
+
+    #[test]
+    fn select_counts_match_sorted_counts() {
+        let mut seed = 99u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for trial in 0..40 {
+            let batch: Vec<Vec<f64>> = (0..1 + trial * 3)
+                .map(|_| {
+                    (0..5)
+                        .map(|_| match (next() * 8.0) as u32 {
+                            0 => 1.0,
+                            1 => 0.0,
+                            2 => 0.9,
+                            _ => next(),
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut c = Candidates::default();
+            c.build(&batch, usize::MAX).unwrap();
+            for k in [
+                0,
+                1,
+                2,
+                7,
+                c.len() / 2,
+                c.len().saturating_sub(1),
+                c.len(),
+                c.len() + 3,
+            ] {
+                let mut selected = vec![0; batch.len()];
+                c.count_top_into(k, &mut selected);
+                let mut d = c.clone();
+                d.sort();
+                let mut sorted = vec![0; batch.len()];
+                d.count_into(k.min(d.len()), &mut sorted);
+                assert_eq!(selected, sorted, "trial {trial} k {k}");
+            }
+        }
     }
 
     #[test]

@@ -54,7 +54,8 @@ pub struct Planner {
     model: StepTimeModel,
     config: PlannerConfig,
     candidates: Candidates,
-    curve: Vec<CurvePoint>,
+    /// `(requests, drafts scanned)` of the last successful plan.
+    scanned: Option<(usize, usize)>,
 }
 
 impl Planner {
@@ -69,7 +70,7 @@ impl Planner {
             model,
             config,
             candidates: Candidates::default(),
-            curve: Vec::new(),
+            scanned: None,
         })
     }
 
@@ -117,6 +118,7 @@ impl Planner {
         out: &mut Plan,
     ) -> Result<(), SpecError> {
         let max_drafts = self.config.max_drafts_per_request.unwrap_or(usize::MAX);
+        self.scanned = None;
         self.candidates.build(requests, max_drafts)?;
         let n_req = requests.len();
         let limit = self.row_limit();
@@ -129,36 +131,40 @@ impl Planner {
         let usable = self.candidates.len().min(limit - n_req);
         self.candidates.sort();
 
-        self.curve.clear();
+        // Ratios are compared by cross-multiplication (times are positive), which keeps
+        // divisions out of the loop.
         let mut cursor = self.model.cursor();
         let mut tokens = n_req as f64;
         let ms = cursor.at(n_req);
-        self.curve.push(CurvePoint {
-            rows: n_req,
-            expected_tokens: tokens,
-            ms,
-        });
         let (mut best_drafts, mut best_tokens, mut best_ms) = (0usize, tokens, ms);
-        let mut best_ratio = tokens / ms;
-        let mut prev_ratio = best_ratio;
-        for (j, a) in self.candidates.products(usable).enumerate() {
-            tokens += a;
-            let rows = n_req + j + 1;
-            let ms = cursor.at(rows);
-            let ratio = tokens / ms;
-            self.curve.push(CurvePoint {
-                rows,
-                expected_tokens: tokens,
-                ms,
-            });
-            if ratio > best_ratio {
-                (best_drafts, best_tokens, best_ms, best_ratio) = (j + 1, tokens, ms, ratio);
+        let mut scanned = usable;
+        match self.config.search {
+            Search::Full => {
+                for (j, a) in self.candidates.products(usable).enumerate() {
+                    tokens += a;
+                    let ms = cursor.at(n_req + j + 1);
+                    if tokens * best_ms > best_tokens * ms {
+                        (best_drafts, best_tokens, best_ms) = (j + 1, tokens, ms);
+                    }
+                }
             }
-            if self.config.search == Search::EarlyStop && ratio < prev_ratio {
-                break;
+            Search::EarlyStop => {
+                let (mut prev_tokens, mut prev_ms) = (tokens, ms);
+                for (j, a) in self.candidates.products(usable).enumerate() {
+                    tokens += a;
+                    let ms = cursor.at(n_req + j + 1);
+                    if tokens * prev_ms < prev_tokens * ms {
+                        scanned = j + 1;
+                        break;
+                    }
+                    if tokens * best_ms > best_tokens * ms {
+                        (best_drafts, best_tokens, best_ms) = (j + 1, tokens, ms);
+                    }
+                    (prev_tokens, prev_ms) = (tokens, ms);
+                }
             }
-            prev_ratio = ratio;
         }
+        self.scanned = Some((n_req, scanned));
 
         out.draft_rows.clear();
         out.draft_rows.resize(n_req, 0);
@@ -170,9 +176,32 @@ impl Planner {
     }
 
     /// The curve scanned by the last successful plan: one point per total row count, from no
-    /// drafts up to where the scan stopped. For diagnostics and tests.
-    pub fn last_curve(&self) -> &[CurvePoint] {
-        &self.curve
+    /// drafts up to where the scan stopped (for [`Search::EarlyStop`], the first drop
+    /// included). Rebuilt on demand from the last plan's ranked drafts, with the step-time model
+    /// as it is now (so call it before [`Planner::observe`] to see what the plan saw). Empty
+    /// before the first plan. For diagnostics and tests; planning does not pay for it.
+    pub fn last_curve(&self) -> Vec<CurvePoint> {
+        let Some((n_req, scanned)) = self.scanned else {
+            return Vec::new();
+        };
+        let mut cursor = self.model.cursor();
+        let mut tokens = n_req as f64;
+        let mut curve = Vec::with_capacity(scanned + 1);
+        curve.push(CurvePoint {
+            rows: n_req,
+            expected_tokens: tokens,
+            ms: cursor.at(n_req),
+        });
+        for (j, a) in self.candidates.products(scanned).enumerate() {
+            tokens += a;
+            let rows = n_req + j + 1;
+            curve.push(CurvePoint {
+                rows,
+                expected_tokens: tokens,
+                ms: cursor.at(rows),
+            });
+        }
+        curve
     }
 
     /// The fixed-length plan (see [`crate::fixed_length`]) under this planner's model and

@@ -51,9 +51,6 @@ pub fn split_into<C: AsRef<[f64]>>(
     if take == 0 {
         return Ok(());
     }
-    if take < c.len() {
-        c.sort();
-    }
-    c.count_into(take, out);
+    c.count_top_into(take, out);
     Ok(())
 }

@@ -136,7 +136,7 @@ proptest! {
         }
         // The scanned curve's best point is the plan.
         let best = planner.last_curve().iter().map(|p| p.tokens_per_ms()).fold(0.0, f64::max);
-        prop_assert_eq!(best, value(&plan));
+        prop_assert!((best - value(&plan)).abs() <= 1e-12 * best, "{best} vs {}", value(&plan));
     }
 
     #[test]
