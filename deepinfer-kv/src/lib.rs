@@ -24,7 +24,7 @@ pub use manager::{
     SequenceUsage, Slot,
 };
 pub use pool::{BlockId, BlockPool, PoolUsage};
-pub use tiers::{BlockLocator, Tier, TierRun, lookup_tiers};
+pub use tiers::{BlockLocator, Tier, TierRun, TierUsage, lookup_tiers};
 pub use window_store::{StoreUsage, WindowStateStore};
 
 /// The crate's version, as packaged.

@@ -524,42 +524,14 @@ impl BlockManager {
             });
         }
         s.computed = s.computed.max(num_tokens);
-        self.register_full(seq);
+        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
         Ok(())
     }
 
     fn register_full(&mut self, seq: u64) {
-        if !self.cfg.enable_prefix_caching {
-            return;
+        if let Some(s) = self.seqs.get_mut(&seq) {
+            register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
         }
-        let bs = self.cfg.block_size;
-        let Some(s) = self.seqs.get_mut(&seq) else {
-            return;
-        };
-        let limit = s.committed.min(s.computed) / bs;
-        if limit <= s.registered {
-            return;
-        }
-        while s.hashes.len() < limit {
-            let i = s.hashes.len();
-            let parent = s.hashes.last().copied();
-            let h =
-                self.hasher
-                    .hash_block(parent, &s.tokens[i * bs..(i + 1) * bs], i * bs, &s.keys);
-            s.hashes.push(h);
-        }
-        for i in s.registered..limit {
-            let parent = if i == 0 { None } else { Some(s.hashes[i - 1]) };
-            // Another block may already hold this hash (two requests computed the same
-            // prefix); then this block simply stays uncached.
-            self.pool.register(
-                s.blocks[i],
-                s.hashes[i],
-                parent,
-                &s.tokens[i * bs..(i + 1) * bs],
-            );
-        }
-        s.registered = s.registered.max(limit);
     }
 
     /// Removes the last `n` tokens of `seq` (rejected speculative tokens, or a truncation).
@@ -658,4 +630,39 @@ impl BlockManager {
                 .max(s.committed.min(s.computed) / self.cfg.block_size);
         }
     }
+}
+
+/// Offers every full block of `s` that is committed and computed to the prefix cache.
+fn register_blocks(
+    pool: &mut BlockPool,
+    hasher: &mut BlockHasher,
+    cfg: &BlockManagerConfig,
+    s: &mut Sequence,
+) {
+    if !cfg.enable_prefix_caching {
+        return;
+    }
+    let bs = cfg.block_size;
+    let limit = s.committed.min(s.computed) / bs;
+    if limit <= s.registered {
+        return;
+    }
+    while s.hashes.len() < limit {
+        let i = s.hashes.len();
+        let parent = s.hashes.last().copied();
+        let h = hasher.hash_block(parent, &s.tokens[i * bs..(i + 1) * bs], i * bs, &s.keys);
+        s.hashes.push(h);
+    }
+    for i in s.registered..limit {
+        let parent = if i == 0 { None } else { Some(s.hashes[i - 1]) };
+        // Another block may already hold this hash (two requests computed the same
+        // prefix); then this block simply stays uncached.
+        pool.register(
+            s.blocks[i],
+            s.hashes[i],
+            parent,
+            &s.tokens[i * bs..(i + 1) * bs],
+        );
+    }
+    s.registered = s.registered.max(limit);
 }

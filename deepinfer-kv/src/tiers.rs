@@ -97,3 +97,29 @@ pub fn lookup_tiers(
     }
     run
 }
+
+/// Usage of every tier at one moment, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TierUsage {
+    /// Device pool block counts.
+    pub device: crate::pool::PoolUsage,
+    /// Host window-state store, if the engine has one.
+    pub host_window: Option<crate::window_store::StoreUsage>,
+    /// Persistent store, if the engine has one.
+    pub disk: Option<crate::window_store::StoreUsage>,
+}
+
+impl TierUsage {
+    /// Collects the usage of the tiers given.
+    pub fn collect<V>(
+        device: &BlockManager,
+        host_window: Option<&WindowStateStore<V>>,
+        disk: Option<&PersistentStore>,
+    ) -> Self {
+        Self {
+            device: device.usage(),
+            host_window: host_window.map(WindowStateStore::usage),
+            disk: disk.map(PersistentStore::usage),
+        }
+    }
+}

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use deepinfer_kv::{
     AllocateOptions, BlockLocator, BlockManager, BlockManagerConfig, ExtraKeys, ManualClock,
-    PersistentStore, PersistentStoreConfig, Tier, TrafficClass, WindowStateStore, lookup_tiers,
+    PersistentStore, PersistentStoreConfig, Tier, TierUsage, TrafficClass, WindowStateStore,
+    lookup_tiers,
 };
 
 #[test]
@@ -41,4 +42,10 @@ fn run_spans_device_then_disk_and_stops_at_gap() {
     assert_eq!(run.window_state_blocks, Some(3));
     assert_eq!(lookup_tiers(&chain, &tiers[1..], None).len(), 4);
     assert!(lookup_tiers(&chain[4..], &tiers, None).is_empty());
+
+    let usage = TierUsage::collect(&m, Some(&windows), Some(&disk));
+    assert_eq!(usage.device.used, 3);
+    assert_eq!(usage.device.cached, 2);
+    assert_eq!(usage.host_window.unwrap().bytes, 100);
+    assert_eq!(usage.disk.unwrap().entries, 5);
 }

@@ -9,6 +9,7 @@ decoded token starts one and the last block hashed when a decoded token fills it
 manager is modelled; the scheduler loop is the same as the Rust trace (benches/trace.rs).
 
 Run: python3 benches/compare/nano_vllm_trace.py   (needs: pip install xxhash numpy)
+and compare with: cargo run --release -p deepinfer-kv --example trace_cpu
 """
 
 import time
@@ -151,8 +152,12 @@ def run(prompts):
 
 if __name__ == "__main__":
     prompts = [prompt(i) for i in range(REQUESTS)]
-    t = time.perf_counter()
-    rate = run(prompts)
-    dt = time.perf_counter() - t
-    print(f"nano-vllm block manager (python re-implementation): {REQUESTS / dt:.1f} requests/s, "
-          f"{dt:.2f} s, hit rate {rate:.4f}")
+    best_wall = best_cpu = float("inf")
+    for _ in range(2):
+        t, c = time.perf_counter(), time.process_time()
+        rate = run(prompts)
+        best_wall = min(best_wall, time.perf_counter() - t)
+        best_cpu = min(best_cpu, time.process_time() - c)
+    print(f"nano-vllm block manager (python re-implementation): best of 2: "
+          f"{REQUESTS / best_wall:.1f} requests/s by wall time, "
+          f"{REQUESTS / best_cpu:.1f} requests/s by CPU time, hit rate {rate:.4f}")
