@@ -10,6 +10,7 @@ pub mod error;
 pub mod kernels;
 pub mod lint;
 pub mod mx;
+pub mod runtime;
 pub mod tiling;
 
 pub use chip::{Chip, ChipSpec};
