@@ -162,35 +162,42 @@ impl<L: LogitValue> Row<'_, L> {
             let adj_here =
                 next_adj < self.adjust.len() && (self.adjust[next_adj].id as usize) < end;
             if bits == u32::MAX && !adj_here {
-                // Fast path: 32 allowed, unadjusted tokens. Check finiteness
-                // and the chunk maximum with branch-free lane arithmetic.
-                let mut vals = [0f32; 32];
-                for (d, s) in vals.iter_mut().zip(chunk) {
-                    *d = s.to_f32();
-                }
-                let mut bad = 0u32;
-                for v in &vals {
-                    bad |= u32::from((v.to_bits() & 0x7fff_ffff) >= 0x7f80_0000);
-                }
+                // Fast path: 32 allowed, unadjusted tokens. Lane-wise max and
+                // a finiteness probe (`v * 0` is NaN exactly for NaN/inf).
                 let mut mx = [f32::NEG_INFINITY; 8];
-                for lane in vals.chunks_exact(8) {
-                    for (m, &v) in mx.iter_mut().zip(lane) {
-                        *m = if v > *m { v } else { *m };
+                let mut probe = [0f32; 8];
+                for lane in chunk.chunks_exact(8) {
+                    for j in 0..8 {
+                        let v = lane[j].to_f32();
+                        probe[j] += v * 0.0;
+                        mx[j] = if v > mx[j] { v } else { mx[j] };
                     }
                 }
-                if bad != 0 {
-                    let j = vals.iter().position(|v| !v.is_finite()).unwrap_or(0);
+                if probe.iter().any(|p| *p != 0.0) {
+                    let j = chunk
+                        .iter()
+                        .position(|v| !v.to_f32().is_finite())
+                        .unwrap_or(0);
                     return Err(SampleError::NonFiniteLogit {
                         token: (base + j) as u32,
-                        value: vals[j],
+                        value: chunk[j].to_f32(),
                     });
                 }
                 allowed_count += 32;
-                let m = mx
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+                let m4 = [
+                    if mx[0] > mx[4] { mx[0] } else { mx[4] },
+                    if mx[1] > mx[5] { mx[1] } else { mx[5] },
+                    if mx[2] > mx[6] { mx[2] } else { mx[6] },
+                    if mx[3] > mx[7] { mx[3] } else { mx[7] },
+                ];
+                let m2 = [
+                    if m4[0] > m4[2] { m4[0] } else { m4[2] },
+                    if m4[1] > m4[3] { m4[1] } else { m4[3] },
+                ];
+                let m = if m2[0] > m2[1] { m2[0] } else { m2[1] };
                 if m > *threshold {
-                    for (j, &v) in vals.iter().enumerate() {
+                    for (j, s) in chunk.iter().enumerate() {
+                        let v = s.to_f32();
                         if v > *threshold {
                             visit((base + j) as u32, v, threshold);
                         }

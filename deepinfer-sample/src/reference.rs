@@ -46,7 +46,7 @@ pub fn sorted_weights<L: LogitValue>(
     if all.is_empty() {
         return Err(SampleError::MaskForbidsAll);
     }
-    all.sort_by(rank);
+    all.sort_unstable_by(rank);
     if params.top_k > 0 {
         all.truncate(params.top_k as usize);
     }
