@@ -379,7 +379,8 @@ impl BlockManager {
         }
         let bs = self.cfg.block_size;
         let mut hashes = Vec::new();
-        let mut hit_blocks = Vec::with_capacity(div_ceil(prompt.len(), bs));
+        // Room for one more block and its tokens so the first decode steps do not reallocate.
+        let mut hit_blocks = Vec::with_capacity(div_ceil(prompt.len(), bs) + 1);
         if self.cfg.enable_prefix_caching {
             self.hasher
                 .hash_chain(prompt, bs, &opts.extra_keys, &mut hashes);
@@ -428,7 +429,11 @@ impl BlockManager {
             seq,
             Sequence {
                 blocks,
-                tokens: prompt.to_vec(),
+                tokens: {
+                    let mut t = Vec::with_capacity(prompt.len() + bs);
+                    t.extend_from_slice(prompt);
+                    t
+                },
                 committed: prompt.len(),
                 computed: plan.reused_tokens,
                 hashes,
@@ -613,6 +618,55 @@ impl BlockManager {
             .remove(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
         self.pool.release_all(&s.blocks)
+    }
+
+    /// Brings full blocks found in a slower tier into the device cache: for blocks
+    /// `first..first + count` of the hash chain of `tokens`, takes a free block, registers it
+    /// under its hash and leaves it free-but-cached (most recently used), so the next
+    /// [`BlockManager::allocate`] of a prompt with this prefix hits it. Blocks already cached are
+    /// skipped. Returns `(block, hash)` for each imported block: the engine must load the
+    /// payload of `hash` into `block` before any forward pass uses it. All or nothing.
+    pub fn import_blocks(
+        &mut self,
+        tokens: &[u32],
+        keys: &ExtraKeys,
+        first: usize,
+        count: usize,
+    ) -> Result<Vec<(BlockId, BlockHash)>> {
+        if !self.cfg.enable_prefix_caching || count == 0 {
+            return Ok(Vec::new());
+        }
+        let bs = self.cfg.block_size;
+        let end = first + count;
+        if end * bs > tokens.len() {
+            return Err(KvError::InvalidConfig(format!(
+                "blocks {first}..{end} exceed the {} full blocks of the tokens",
+                tokens.len() / bs
+            )));
+        }
+        let mut hashes = Vec::with_capacity(end);
+        self.hasher
+            .hash_chain(&tokens[..end * bs], bs, keys, &mut hashes);
+        let missing: Vec<usize> = (first..end)
+            .filter(|&i| !self.pool.contains(hashes[i]))
+            .collect();
+        let available = self.pool.num_free();
+        if missing.len() > available {
+            return Err(KvError::OutOfBlocks {
+                needed: missing.len(),
+                available,
+            });
+        }
+        let mut out = Vec::with_capacity(missing.len());
+        for i in missing {
+            let b = self.pool.allocate()?;
+            let parent = i.checked_sub(1).map(|p| hashes[p]);
+            self.pool
+                .register(b, hashes[i], parent, &tokens[i * bs..(i + 1) * bs]);
+            self.pool.release(b)?;
+            out.push((b, hashes[i]));
+        }
+        Ok(out)
     }
 
     /// Evicts up to `n` least recently used free cached blocks now (normally eviction is lazy).

@@ -49,3 +49,28 @@ fn run_spans_device_then_disk_and_stops_at_gap() {
     assert_eq!(usage.host_window.unwrap().bytes, 100);
     assert_eq!(usage.disk.unwrap().entries, 5);
 }
+
+#[test]
+fn blocks_imported_from_disk_are_hit_by_the_next_allocation() {
+    let mut m = BlockManager::new(BlockManagerConfig::new(16, 4)).unwrap();
+    let prompt: Vec<u32> = (100..117).collect();
+    let imported = m.import_blocks(&prompt, &ExtraKeys::none(), 0, 3).unwrap();
+    assert_eq!(imported.len(), 3);
+    let chain = m.prefix_hashes(&prompt, &ExtraKeys::none());
+    assert_eq!(imported[2].1, chain[2]);
+    assert_eq!(m.usage().free_cached, 3);
+    // Importing again is a no-op.
+    assert!(
+        m.import_blocks(&prompt, &ExtraKeys::none(), 1, 2)
+            .unwrap()
+            .is_empty()
+    );
+    let a = m.allocate(1, &prompt, AllocateOptions::default()).unwrap();
+    assert_eq!(a.plan.reused_tokens, 12);
+    let table = m.block_table(1).unwrap();
+    assert_eq!(
+        table[..3],
+        imported.iter().map(|(b, _)| *b).collect::<Vec<_>>()[..]
+    );
+    assert!(m.import_blocks(&prompt, &ExtraKeys::none(), 3, 2).is_err());
+}
