@@ -56,5 +56,55 @@ fn bench(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, bench);
+/// Nanoseconds this thread spent on a CPU (Linux schedstat), so figures taken on
+/// a shared, oversubscribed machine exclude time spent waiting for a core.
+fn cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// On-CPU time per call of `f`, in ms, over `n` calls.
+fn cpu_ms(n: u32, mut f: impl FnMut()) -> Option<f64> {
+    let t0 = cpu_ns()?;
+    for _ in 0..n {
+        f();
+    }
+    Some((cpu_ns()? - t0) as f64 / n as f64 / 1e6)
+}
+
+fn cpu_report() {
+    let w = load(64, 256, 0);
+    let shifted = load(64, 256, 5);
+    let hier = EplbConfig {
+        slots: 320,
+        groups: 8,
+        nodes: 8,
+        devices: 64,
+    };
+    let global = EplbConfig {
+        nodes: 1,
+        groups: 1,
+        ..hier
+    };
+    let current = rebalance(&w, &global).unwrap();
+    let h = cpu_ms(50, || {
+        std::hint::black_box(rebalance(&w, &hier).unwrap());
+    });
+    let g = cpu_ms(50, || {
+        std::hint::black_box(rebalance(&w, &global).unwrap());
+    });
+    let i = cpu_ms(20, || {
+        std::hint::black_box(rebalance_incremental(&shifted, &current, 16).unwrap());
+    });
+    eprintln!(
+        "on-CPU ms per rebalance: hierarchical {h:.3?}, global {g:.3?}, incremental(16) {i:.3?}"
+    );
+}
+
+fn all(c: &mut Criterion) {
+    cpu_report();
+    bench(c);
+}
+
+criterion_group!(benches, all);
 criterion_main!(benches);

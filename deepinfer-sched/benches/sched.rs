@@ -69,7 +69,37 @@ fn step(s: &mut Scheduler, out: &mut StepOutput, next: &mut u64, refill: usize) 
     t_sched + t_update
 }
 
+/// Nanoseconds this thread spent on a CPU (Linux schedstat), so figures taken on
+/// a shared, oversubscribed machine exclude time spent waiting for a core.
+fn cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+fn cpu_report() {
+    for waiting in [100usize, 10_000, 100_000] {
+        let (mut s, mut next) = setup(waiting);
+        let mut out = StepOutput::default();
+        let steps = 2000;
+        // On-CPU time of the whole loop (fake engine included: an upper bound).
+        let t0 = cpu_ns();
+        let mut wall = Duration::ZERO;
+        for _ in 0..steps {
+            wall += step(&mut s, &mut out, &mut next, 1);
+        }
+        let cpu = cpu_ns()
+            .zip(t0)
+            .map(|(b, a)| (b - a) as f64 / steps as f64 / 1e3);
+        eprintln!(
+            "waiting {waiting:>6}: schedule+update wall {:.1} us/step; on-CPU (incl. fake engine) {cpu:.1?} us/step; running {}",
+            wall.as_secs_f64() * 1e6 / steps as f64,
+            s.num_running()
+        );
+    }
+}
+
 fn bench(c: &mut Criterion) {
+    cpu_report();
     let mut g = c.benchmark_group("schedule_update_1024_running");
     g.sample_size(20);
     g.measurement_time(Duration::from_secs(3));

@@ -503,37 +503,48 @@ pub fn rebalance_incremental(
 /// Greedy local search on one layer; each accepted step strictly lowers the
 /// heaviest device's load and costs one (replica move) or two (swap) rewrites.
 fn improve_layer(w: &[f64], slots: &mut [u32], devices: usize, k: usize, budget: usize) {
-    let mut cnt = vec![0u32; w.len()];
+    let experts = w.len();
+    let mut cnt = vec![0u32; experts];
     for &e in slots.iter() {
         cnt[e as usize] += 1;
     }
-    let per = |e: u32, cnt: &[u32]| w[e as usize] / cnt[e as usize] as f64;
+    let mut dev = vec![0.0f64; devices];
+    let mut order: Vec<usize> = (0..devices).collect();
+    // Slots of each expert, CSR style (rebuilt per accepted step: cheap, O(slots)).
+    let mut start = vec![0usize; experts + 1];
+    let mut members = vec![0u32; slots.len()];
+    let mut changed: Vec<(usize, f64)> = Vec::new();
     let mut left = budget;
     while left > 0 {
-        let mut dev = vec![0.0f64; devices];
+        let per = |e: u32| w[e as usize] / cnt[e as usize] as f64;
+        dev.iter_mut().for_each(|v| *v = 0.0);
         for (s, &e) in slots.iter().enumerate() {
-            dev[s / k] += per(e, &cnt);
+            dev[s / k] += per(e);
         }
-        let (dmax, &lmax) = dev
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap_or((0, &0.0));
-        let (dmin, &lmin) = dev
-            .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap_or((0, &0.0));
+        order.sort_unstable_by(|&a, &b| dev[b].total_cmp(&dev[a]));
+        let (dmax, dmin) = (order[0], order[devices - 1]);
+        let (lmax, lmin) = (dev[dmax], dev[dmin]);
         if dmax == dmin || lmax <= 0.0 {
             break;
         }
-        let others_max = dev
+        start.iter_mut().for_each(|v| *v = 0);
+        for &e in slots.iter() {
+            start[e as usize + 1] += 1;
+        }
+        for e in 0..experts {
+            start[e + 1] += start[e];
+        }
+        let mut fill = start.clone();
+        for (s, &e) in slots.iter().enumerate() {
+            members[fill[e as usize]] = s as u32;
+            fill[e as usize] += 1;
+        }
+        let others_max = order
             .iter()
-            .enumerate()
-            .filter(|&(d, _)| d != dmax && d != dmin)
-            .map(|(_, &v)| v)
-            .fold(f64::NEG_INFINITY, f64::max);
-        // Best candidate: (new max, cost, kind) with kind 0 = swap(s, t), 1 = overwrite t with expert of s.
+            .find(|&&d| d != dmax && d != dmin)
+            .map_or(f64::NEG_INFINITY, |&d| dev[d]);
+        // Best candidate: (new max, cost, s, t, kind) with kind 0 = swap(s, t),
+        // 1 = overwrite t with a new replica of the expert in s.
         let mut best: Option<(f64, usize, usize, usize, u8)> = None;
         let mut consider = |new_max: f64, cost: usize, s: usize, t: usize, kind: u8| {
             if cost > left || new_max >= lmax * (1.0 - 1e-12) {
@@ -547,33 +558,45 @@ fn improve_layer(w: &[f64], slots: &mut [u32], devices: usize, k: usize, budget:
         };
         for s in dmax * k..(dmax + 1) * k {
             let es = slots[s];
-            let ws = per(es, &cnt);
+            let ws = per(es);
             for t in dmin * k..(dmin + 1) * k {
                 let et = slots[t];
                 if es == et {
                     continue;
                 }
-                let wt = per(et, &cnt);
+                let wt = per(et);
                 let m = others_max.max(lmax - ws + wt).max(lmin + ws - wt);
                 consider(m, 2, s, t, 0);
-                if cnt[et as usize] >= 2 {
-                    // Overwrite t with a new replica of es: es's replicas all get lighter,
-                    // et's remaining replicas heavier. Evaluate exactly.
-                    let (ce, ct) = (cnt[es as usize] as f64, cnt[et as usize] as f64);
-                    let (we, wtt) = (w[es as usize], w[et as usize]);
-                    let mut d2 = dev.clone();
-                    for (u, &eu) in slots.iter().enumerate() {
-                        let du = u / k;
-                        if eu == es {
-                            d2[du] += we / (ce + 1.0) - we / ce;
-                        } else if eu == et && u != t {
-                            d2[du] += wtt / (ct - 1.0) - wtt / ct;
-                        }
-                    }
-                    d2[dmin] += we / (ce + 1.0) - wtt / ct;
-                    let m = d2.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    consider(m, 1, s, t, 1);
+                if cnt[et as usize] < 2 {
+                    continue;
                 }
+                // Overwrite t with a new replica of es: every replica of es gets
+                // lighter, the remaining replicas of et heavier. Only the devices
+                // holding them change.
+                let (ce, ct) = (cnt[es as usize] as f64, cnt[et as usize] as f64);
+                let (we, wtt) = (w[es as usize], w[et as usize]);
+                changed.clear();
+                let mut bump = |d: usize, delta: f64| match changed.iter_mut().find(|c| c.0 == d) {
+                    Some(c) => c.1 += delta,
+                    None => changed.push((d, delta)),
+                };
+                for &u in &members[start[es as usize]..start[es as usize + 1]] {
+                    bump(u as usize / k, we / (ce + 1.0) - we / ce);
+                }
+                for &u in &members[start[et as usize]..start[et as usize + 1]] {
+                    if u as usize != t {
+                        bump(u as usize / k, wtt / (ct - 1.0) - wtt / ct);
+                    }
+                }
+                bump(dmin, we / (ce + 1.0) - wtt / ct);
+                let mut m = order
+                    .iter()
+                    .find(|&&d| !changed.iter().any(|c| c.0 == d))
+                    .map_or(f64::NEG_INFINITY, |&d| dev[d]);
+                for &(d, delta) in &changed {
+                    m = m.max(dev[d] + delta);
+                }
+                consider(m, 1, s, t, 1);
             }
         }
         let Some((_, cost, s, t, kind)) = best else {

@@ -218,6 +218,9 @@ struct FlightRow {
 #[derive(Debug, Clone)]
 struct Flight {
     step: u64,
+    /// Row groups in output order: the prefill chunks, then the decode rows
+    /// (two vectors, so the large decode list is never copied).
+    prefill: Vec<FlightRow>,
     rows: Vec<FlightRow>,
     features: StepFeatures,
     num_tokens: usize,
@@ -613,6 +616,7 @@ impl Scheduler {
             step,
             block_copies: std::mem::take(&mut self.pending_copies),
             aborted: std::mem::take(&mut self.pending_aborted),
+            decode: Vec::with_capacity(self.running.len()),
             ..Default::default()
         };
         let mut prefill_rows: Vec<FlightRow> = Vec::new();
@@ -876,10 +880,10 @@ impl Scheduler {
 
         plan.num_tokens = self.cfg.max_num_batched_tokens - tokens_left;
         plan.predicted_ms = coef.map(|c| c.step(&features));
-        prefill_rows.extend_from_slice(&decode_rows);
         self.flights.push_back(Flight {
             step,
-            rows: prefill_rows,
+            prefill: prefill_rows,
+            rows: decode_rows,
             features,
             num_tokens: plan.num_tokens,
         });
@@ -1003,7 +1007,12 @@ impl Scheduler {
                 out.step, flight.step
             )));
         }
-        let live_rows = flight.rows.iter().filter(|r| !r.cancelled).count();
+        let live_rows = flight
+            .prefill
+            .iter()
+            .chain(&flight.rows)
+            .filter(|r| !r.cancelled)
+            .count();
         if out.rows.len() != live_rows {
             return Err(SchedError::OutputMismatch(format!(
                 "{} row groups for a plan of {live_rows}",
@@ -1019,8 +1028,9 @@ impl Scheduler {
         }
         // Check every row before changing anything, so a bad output is rejected whole.
         for (j, (fr, o)) in flight
-            .rows
+            .prefill
             .iter()
+            .chain(&flight.rows)
             .filter(|r| !r.cancelled)
             .zip(&out.rows)
             .enumerate()
@@ -1044,7 +1054,7 @@ impl Scheduler {
         let (mut tok_at, mut conf_at) = (0usize, 0usize);
         let mut any_finished = false;
         let mut j = 0;
-        for fr in flight.rows.iter() {
+        for fr in flight.prefill.iter().chain(&flight.rows) {
             if fr.cancelled {
                 continue;
             }
@@ -1169,8 +1179,8 @@ impl Scheduler {
             return;
         };
         let mut removed_tokens = 0;
-        for k in 0..pending.rows.len() {
-            let fr = pending.rows[k];
+        for fr_mut in pending.prefill.iter_mut().chain(pending.rows.iter_mut()) {
+            let fr = *fr_mut;
             if fr.cancelled {
                 continue;
             }
@@ -1182,7 +1192,7 @@ impl Scheduler {
                 && self.req(fr.slot).phase == Phase::Running;
             if !alive {
                 // Finished, aborted or preempted: its rows must not run.
-                pending.rows[k].cancelled = true;
+                fr_mut.cancelled = true;
                 if same_req {
                     let r = self.req_mut(fr.slot);
                     r.inflight = r.inflight.saturating_sub(1);
@@ -1210,7 +1220,7 @@ impl Scheduler {
             if self.append_rows(fr.slot, drafts, 0) {
                 let r = self.req_mut(fr.slot);
                 r.scheduled = known;
-                pending.rows[k].kind = RowKind::Decode {
+                fr_mut.kind = RowKind::Decode {
                     position: actual,
                     drafts,
                     provisional: false,
@@ -1224,7 +1234,7 @@ impl Scheduler {
                 }
             } else {
                 // The reservation should make this unreachable; stay safe anyway.
-                pending.rows[k].cancelled = true;
+                fr_mut.cancelled = true;
                 removed_tokens += 1 + drafts;
                 let id = self.req(fr.slot).id;
                 res.fixes.push(PlanFix::Cancel(id));
