@@ -79,6 +79,25 @@ fn bench_sample(c: &mut Criterion) {
         })
     });
     g.finish();
+
+    // Without top-k: every token gets a weight and top-p runs a weighted
+    // quickselect over the vocabulary (no sort).
+    let params_p: Vec<SamplingParams> = params
+        .iter()
+        .map(|p| SamplingParams {
+            top_k: 0,
+            ..p.clone()
+        })
+        .collect();
+    let reqs_p: Vec<SampleRequest<'_, f32>> = reqs
+        .iter()
+        .zip(&params_p)
+        .map(|(r, p)| SampleRequest { params: p, ..*r })
+        .collect();
+    let mut g = c.benchmark_group("sample_256x129280_topp0.9_no_topk");
+    g.sample_size(10).measurement_time(Duration::from_secs(3));
+    g.bench_function("sampler", |b| b.iter(|| black_box(sample_batch(&reqs_p))));
+    g.finish();
 }
 
 fn bench_verify(c: &mut Criterion) {
