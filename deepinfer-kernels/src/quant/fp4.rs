@@ -36,15 +36,26 @@ pub fn round_e2m1(v: f32) -> f32 {
     ((a / q).round_ties_even() * q).min(E2M1_MAX).copysign(v)
 }
 
-/// Encodes a value to its 4-bit code (round to nearest even, saturating).
+/// Encodes a value to its 4-bit code (round to nearest even, saturating; NaN → 0).
+///
+/// Thresholds at the midpoints between neighbours; `>` where the lower neighbour has the even
+/// mantissa, `>=` where the upper one has: the same result as [`round_e2m1`].
 #[inline]
 pub fn e2m1_encode(v: f32) -> u8 {
-    let r = round_e2m1(if v.is_nan() { 0.0 } else { v });
-    let sign = if r.is_sign_negative() { 8u8 } else { 0 };
-    let a = r.abs();
-    // Exact: `a` is one of the table values.
-    let code = E2M1_VALUES.iter().position(|&v| v == a).unwrap_or(7) as u8;
-    sign | code
+    let sign = if v.is_sign_negative() && !v.is_nan() {
+        8u8
+    } else {
+        0
+    };
+    let a = v.abs();
+    let code = u8::from(a > 0.25)
+        + u8::from(a >= 0.75)
+        + u8::from(a > 1.25)
+        + u8::from(a >= 1.75)
+        + u8::from(a > 2.5)
+        + u8::from(a >= 3.5)
+        + u8::from(a > 5.0);
+    if code == 0 { sign } else { sign | code }
 }
 
 /// Decodes a 4-bit code (only the low nibble is read).

@@ -48,26 +48,26 @@ pub(crate) fn exp2i(e: i32) -> f32 {
     }
 }
 
-/// Encodes a value to its e4m3fn byte (round to nearest even, saturating).
+/// Encodes a value to its e4m3fn byte (round to nearest even, saturating; NaN → `0x7f`).
+///
+/// Bit arithmetic, branch-light: the same result as encoding [`round_e4m3`]'s value.
 #[inline]
 pub fn e4m3_encode(v: f32) -> u8 {
-    if v.is_nan() {
+    let bits = v.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let x = bits & 0x7fff_ffff;
+    if x > 0x7f80_0000 {
         return 0x7f;
     }
-    let r = round_e4m3(v);
-    let sign = if r.is_sign_negative() { 0x80u8 } else { 0 };
-    let a = r.abs();
-    if a == 0.0 {
-        return sign;
-    }
-    let e = floor_log2(a);
-    if e < -6 {
-        // Subnormal: a = m * 2^-9.
-        sign | ((a / exp2i(-9)) as u8)
+    let code = if x < 0x3c80_0000 {
+        // |v| < 2^-6: e4m3 subnormals, steps of 2^-9 (8 rounds up into the first normal).
+        (f32::from_bits(x) * 512.0).round_ties_even() as u32
     } else {
-        let mant = ((a / exp2i(e) - 1.0) * 8.0) as u8;
-        sign | (((e + 7) as u8) << 3) | mant
-    }
+        // Round the f32 mantissa to 3 bits (ties to even), then rebias the exponent 127 → 7.
+        let r = (x + 0x7_ffff + ((x >> 20) & 1)) >> 20;
+        (r - (120 << 3)).min(0x7e)
+    };
+    sign | code as u8
 }
 
 /// Decodes an e4m3fn byte.

@@ -9,9 +9,10 @@ pub mod fp4;
 pub mod fp8;
 
 use crate::error::{Result, invalid, shape_err};
-use fp4::{e2m1_decode, e2m1_encode, round_e2m1};
+use fp4::{E2M1_LUT, e2m1_decode, e2m1_encode, round_e2m1};
 use fp8::{
-    ceil_log2, e4m3_decode, e4m3_encode, exp2i, round_e4m3, ue8m0_decode, ue8m0_encode_pow2,
+    E4M3_LUT, ceil_log2, e4m3_decode, e4m3_encode, exp2i, round_e4m3, ue8m0_decode,
+    ue8m0_encode_pow2,
 };
 
 /// How FP8 block scales are stored.
@@ -272,14 +273,31 @@ impl QuantMatrix {
         }
     }
 
-    /// Dequantises one row into `out` (length `cols`).
+    /// Dequantises one row into `out` (length `cols`): value × block scale.
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         let bc = self.format.block_cols();
-        for (bj, chunk) in out.chunks_mut(bc).enumerate() {
-            self.decode_values(row, bj * bc, chunk);
-            let s = self.block_scale(row, bj);
-            for v in chunk.iter_mut() {
-                *v *= s;
+        let cols = self.cols;
+        match self.format {
+            QuantFormat::Fp8 { .. } => {
+                let data = &self.data[row * cols..(row + 1) * cols];
+                for (bj, (chunk, bytes)) in out.chunks_mut(bc).zip(data.chunks(bc)).enumerate() {
+                    let s = self.block_scale(row, bj);
+                    for (o, &b) in chunk.iter_mut().zip(bytes) {
+                        *o = E4M3_LUT[b as usize] * s;
+                    }
+                }
+            }
+            _ => {
+                // cols is a multiple of the (even) block, so rows start on a byte boundary.
+                let data = &self.data[row * cols / 2..(row + 1) * cols / 2];
+                for (bj, (chunk, bytes)) in out.chunks_mut(bc).zip(data.chunks(bc / 2)).enumerate()
+                {
+                    let s = self.block_scale(row, bj);
+                    for (pair, &b) in chunk.chunks_exact_mut(2).zip(bytes) {
+                        pair[0] = E2M1_LUT[(b & 0xf) as usize] * s;
+                        pair[1] = E2M1_LUT[(b >> 4) as usize] * s;
+                    }
+                }
             }
         }
     }
@@ -326,9 +344,13 @@ fn quantize_fp8(
     }
     let mut data = vec![0u8; rows * cols];
     for r in 0..rows {
-        for c in 0..cols {
-            let s = scales_f[(r / br) * nbc + c / bc];
-            data[r * cols + c] = e4m3_encode(x[r * cols + c] / s);
+        let xs = &x[r * cols..(r + 1) * cols];
+        let ds = &mut data[r * cols..(r + 1) * cols];
+        for (bj, (xb, db)) in xs.chunks(bc).zip(ds.chunks_mut(bc)).enumerate() {
+            let s = scales_f[(r / br) * nbc + bj];
+            for (d, &v) in db.iter_mut().zip(xb) {
+                *d = e4m3_encode(v / s);
+            }
         }
     }
     let scales = match scale {
@@ -379,10 +401,9 @@ fn quantize_fp4(x: &[f32], rows: usize, cols: usize, format: QuantFormat) -> Qua
                 (b, e4m3_decode(b) * tensor_scale)
             };
             scale_bytes[r * nbc + bj] = byte;
-            for (i, &v) in blk.iter().enumerate() {
-                let j = r * cols + bj * bc + i;
-                let code = e2m1_encode((v / s).clamp(-fp4::E2M1_MAX, fp4::E2M1_MAX));
-                data[j / 2] |= if j.is_multiple_of(2) { code } else { code << 4 };
+            let out = &mut data[(r * cols + bj * bc) / 2..(r * cols + (bj + 1) * bc) / 2];
+            for (d, pair) in out.iter_mut().zip(blk.chunks_exact(2)) {
+                *d = e2m1_encode(pair[0] / s) | (e2m1_encode(pair[1] / s) << 4);
             }
         }
     }
