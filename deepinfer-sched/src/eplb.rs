@@ -502,6 +502,7 @@ pub fn rebalance_incremental(
 
 /// Greedy local search on one layer; each accepted step strictly lowers the
 /// heaviest device's load and costs one (replica move) or two (swap) rewrites.
+#[allow(clippy::needless_range_loop)] // slot indices double as device arithmetic
 fn improve_layer(w: &[f64], slots: &mut [u32], devices: usize, k: usize, budget: usize) {
     let experts = w.len();
     let mut cnt = vec![0u32; experts];
