@@ -86,7 +86,7 @@ pub fn gemv(spec: &ChipSpec, t: &GemvTiling, inp: GemvInputs<'_>) -> Result<Vec<
         let tmp = ub.init_buffer("tmpBuf", 1, t.tmp_bytes)?;
         let lut = ub.init_buffer("lutBuf", 1, t.lut_bytes)?;
         if fmt.is_some() {
-            lut.fits::<f32>(2, 256)?;
+            lut.fits::<f32>(1, crate::tiling::GEMV_LUT_LEN)?;
         }
         let n0 = (b * t.n_per_block) as usize;
         let nn = if b + 1 == t.block_dim {

@@ -244,8 +244,8 @@ pub fn tree_sum(v: &[f32]) -> f32 {
     b[0]
 }
 
-/// Input length check shared by the emulators.
-pub(crate) fn check_len(kernel: &'static str, what: &str, got: usize, want: usize) -> Result<()> {
+/// Input length check shared by the emulators and the device runner.
+pub fn check_len(kernel: &'static str, what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(AscendError::Shape(format!(
             "{kernel}: {what} has {got} elements, expected {want}"

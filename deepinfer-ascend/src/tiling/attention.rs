@@ -15,7 +15,8 @@ pub struct AttentionShape {
     pub heads: usize,
     /// Channels per head (= key/value width), a multiple of 16.
     pub head_dim: usize,
-    /// Window rows visible to the query (at least 1: the token itself).
+    /// Window rows visible to the query (the model always has at least its own row; zero
+    /// keys in total give a zero output, all probability on the sink).
     pub n_window: usize,
     /// Compressed entries selected for the query.
     pub n_comp: usize,
@@ -73,9 +74,6 @@ impl AttentionTiling {
                 s.head_dim
             ));
         }
-        if s.n_window == 0 {
-            return shape_err("attention: the window holds at least the query's own row");
-        }
         if s.n_comp > 0 && s.comp_rows == 0 {
             return shape_err("attention: compressed indices but an empty cache");
         }
@@ -86,7 +84,7 @@ impl AttentionTiling {
         let keys = s.n_window + s.n_comp;
         let mut last_err = None;
         for kt in [64usize, 32, 16, 8, 4, 2, 1] {
-            let kt = kt.min(keys);
+            let kt = kt.min(keys).max(1);
             let t = Self::with_tile(s, part, kt)?;
             match t.budget().check(spec, "attention") {
                 Ok(()) => {

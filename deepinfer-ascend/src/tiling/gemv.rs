@@ -9,6 +9,17 @@ use crate::chip::ChipSpec;
 use crate::error::{Result, shape_err};
 use crate::mx::{MX_BLOCK, MxFormat};
 
+/// Entries of the GEMV decode table: 256 E4M3 values, 256 E8M0 scale values, 16 E2M1 values.
+pub const GEMV_LUT_LEN: usize = 256 + 256 + 16;
+
+/// The decode table the host passes to `gemv.asc` (NaN codes decode to NaN).
+pub fn gemv_lut() -> Vec<f32> {
+    let mut t: Vec<f32> = (0..=255u8).map(|c| MxFormat::Fp8E4M3.decode(c)).collect();
+    t.extend((0..=255u8).map(crate::mx::scale_value));
+    t.extend((0..16u8).map(|c| MxFormat::Fp4E2M1.decode(c)));
+    t
+}
+
 /// Weight (and activation) storage of a GEMV.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemvFormat {
@@ -95,7 +106,7 @@ tiling_struct! {
         y_bytes: u32 = BufferBytes,
         /// Bytes of the f32 work area (dequantised x and W rows, products, accumulators).
         tmp_bytes: u32 = BufferBytes,
-        /// Bytes of the decode tables (256 f32 element values, 256 f32 scale values).
+        /// Bytes of the decode tables ([`GEMV_LUT_LEN`] f32: E4M3, E8M0, E2M1 values).
         lut_bytes: u32 = BufferBytes,
     }
 }
@@ -180,7 +191,7 @@ impl GemvTiling {
             ws_bytes: u32_of(ws, "ws_bytes")?,
             y_bytes: u32_of(align32(s.m * nt * 4), "y_bytes")?,
             tmp_bytes: u32_of(tmp, "tmp_bytes")?,
-            lut_bytes: 2 * 256 * 4,
+            lut_bytes: (GEMV_LUT_LEN * 4) as u32,
         })
     }
 }

@@ -19,7 +19,7 @@ mod sampling;
 
 pub use attention::{AttentionShape, AttentionTiling};
 pub use cube::{CubeGemvPlan, plan_cube_gemv};
-pub use gemv::{GemvFormat, GemvShape, GemvTiling};
+pub use gemv::{GEMV_LUT_LEN, GemvFormat, GemvShape, GemvTiling, gemv_lut};
 pub use hc_mix::{HcMixShape, HcMixTiling};
 pub use rmsnorm::{RmsNormShape, RmsNormTiling};
 pub use rope::{RopeShape, RopeTiling};
