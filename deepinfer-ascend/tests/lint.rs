@@ -151,8 +151,8 @@ fn unaligned_datacopy_is_caught() {
     assert_eq!(r, vec![Rule::DataCopyAlign]);
     let r = mutate(
         "gemv",
-        "DataCopy(lutLocal, lutGm, 512);",
-        "DataCopy(lutLocal, lutGm, 510);",
+        "DataCopy(lutLocal, lutGm, 528);",
+        "DataCopy(lutLocal, lutGm, 530);",
     );
     assert_eq!(r, vec![Rule::DataCopyAlign]);
     // A field aligned only for wider elements does not cover narrower ones.
