@@ -476,7 +476,12 @@ impl BlockManager {
                 offset: (p % bs) as u32,
             });
         }
-        s.tokens.extend_from_slice(tokens);
+        if let [t] = tokens {
+            // The decode step: avoid a memcpy call for four bytes.
+            s.tokens.push(*t);
+        } else {
+            s.tokens.extend_from_slice(tokens);
+        }
         if !draft {
             s.committed = s.tokens.len();
         }

@@ -1,5 +1,5 @@
 //! Random sequences of allocate / append / draft / accept / compute / rollback / fork / free /
-//! match / evict against a shadow model of every block's contents.
+//! match / evict / import / reset against a shadow model of every block's contents.
 //!
 //! The shadow records which token each slot of each block holds, as the engine would write it.
 //! After every operation it checks: ref counts equal the number of block tables using each block;
@@ -58,6 +58,11 @@ enum Op {
     Evict {
         n: usize,
     },
+    Import {
+        base: usize,
+        len: usize,
+    },
+    Reset,
 }
 
 fn base_prompt(base: usize) -> Vec<u32> {
@@ -92,17 +97,23 @@ fn op() -> impl Strategy<Value = Op> {
         2 => seq.prop_map(|seq| Op::Free { seq }),
         2 => (0usize..3, 0usize..40).prop_map(|(base, len)| Op::Match { base, len }),
         1 => (0usize..5).prop_map(|n| Op::Evict { n }),
+        1 => (0usize..3, 0usize..40).prop_map(|(base, len)| Op::Import { base, len }),
+        1 => Just(Op::Reset),
     ]
 }
 
-/// Contents of every block as written so far (None = never written).
+/// For every block, the token context its KV was computed in: all tokens from the start of the
+/// sequence that wrote it through the block's last written slot. KV depends on the whole prefix,
+/// so a block may serve a prompt only if this context starts with the prompt's tokens up to the
+/// block's end.
 struct Shadow {
-    content: HashMap<BlockId, Vec<Option<u32>>>,
+    content: HashMap<BlockId, Vec<u32>>,
     seqs: HashMap<u64, Vec<u32>>,
 }
 
 impl Shadow {
-    fn write(&mut self, m: &BlockManager, slot: Slot, token: u32) -> Result<(), TestCaseError> {
+    /// The engine writes the token at the end of `prefix` into `slot`.
+    fn write(&mut self, m: &BlockManager, slot: Slot, prefix: &[u32]) -> Result<(), TestCaseError> {
         // A write must never land in a block another table or the prefix cache relies on.
         prop_assert_eq!(
             m.pool().ref_count(slot.block).unwrap(),
@@ -113,25 +124,26 @@ impl Shadow {
             m.pool().hash_of(slot.block).is_none(),
             "write to cached block"
         );
-        self.content
-            .entry(slot.block)
-            .or_insert_with(|| vec![None; BS])[slot.offset as usize] = Some(token);
+        prop_assert_eq!((prefix.len() - 1) % BS, slot.offset as usize);
+        self.content.insert(slot.block, prefix.to_vec());
         Ok(())
     }
 
     fn copy(&mut self, src: BlockId, dst: BlockId) {
-        let c = self
-            .content
-            .get(&src)
-            .cloned()
-            .unwrap_or_else(|| vec![None; BS]);
+        let c = self.content.get(&src).cloned().unwrap_or_default();
         self.content.insert(dst, c);
     }
 
-    fn block_holds(&self, b: BlockId, tokens: &[u32]) -> bool {
-        self.content
-            .get(&b)
-            .is_some_and(|c| c.iter().zip(tokens).all(|(x, t)| *x == Some(*t)))
+    /// Whether block `b`, used as the `i`-th block of a table, holds KV valid for the tokens
+    /// `upto` (a sequence prefix ending inside or at the end of this block): the block was
+    /// written at position `i` of a context that starts with `upto`.
+    fn block_holds(&self, b: BlockId, i: usize, upto: &[u32]) -> bool {
+        self.content.get(&b).is_some_and(|c| {
+            c.len() > i * BS
+                && c.len() <= (i + 1) * BS
+                && c.len() >= upto.len()
+                && c[..upto.len()] == *upto
+        })
     }
 }
 
@@ -164,8 +176,8 @@ fn check_invariants(m: &BlockManager, sh: &Shadow) -> Result<(), TestCaseError> 
         for (i, &b) in table.iter().enumerate() {
             *refs.entry(b).or_default() += 1;
             // Every token of the sequence sits in its slot.
-            let chunk = &toks[i * BS..toks.len().min((i + 1) * BS)];
-            prop_assert!(sh.block_holds(b, chunk), "seq {} block {} content", s, b);
+            let upto = &toks[..toks.len().min((i + 1) * BS)];
+            prop_assert!(sh.block_holds(b, i, upto), "seq {} block {} content", s, b);
         }
     }
     let total = m.pool().num_blocks();
@@ -223,20 +235,21 @@ fn run(ops: Vec<Op>, window: usize) -> Result<(), TestCaseError> {
                         let table = m.block_table(*seq).unwrap().to_vec();
                         let reused = a.plan.reused_tokens / BS;
                         for (i, &b) in table.iter().enumerate() {
-                            let chunk = &prompt[i * BS..prompt.len().min((i + 1) * BS)];
+                            let end = prompt.len().min((i + 1) * BS);
                             if i < reused {
-                                // The heart of the prefix cache: a hit holds exactly our tokens.
+                                // The heart of the prefix cache: a hit holds KV computed for
+                                // exactly our prefix.
                                 assert!(
-                                    sh.block_holds(b, chunk),
-                                    "hit block {b} holds other tokens"
+                                    sh.block_holds(b, i, &prompt[..end]),
+                                    "hit block {b} holds another context"
                                 );
                             } else {
-                                for (o, &t) in chunk.iter().enumerate() {
+                                for p in i * BS..end {
                                     let slot = Slot {
                                         block: b,
-                                        offset: o as u32,
+                                        offset: (p % BS) as u32,
                                     };
-                                    sh.write(&m, slot, t).unwrap();
+                                    sh.write(&m, slot, &prompt[..=p]).unwrap();
                                 }
                             }
                         }
@@ -251,10 +264,13 @@ fn run(ops: Vec<Op>, window: usize) -> Result<(), TestCaseError> {
                     m.append_draft(*seq, tokens, &mut slots)
                 };
                 r.map(|()| {
-                    for (s, &t) in slots.iter().zip(tokens) {
-                        sh.write(&m, *s, t).unwrap();
+                    let mut all = sh.seqs[seq].clone();
+                    let start = all.len();
+                    all.extend_from_slice(tokens);
+                    for (k, s) in slots.iter().enumerate() {
+                        sh.write(&m, *s, &all[..=start + k]).unwrap();
                     }
-                    sh.seqs.get_mut(seq).unwrap().extend_from_slice(tokens);
+                    sh.seqs.insert(*seq, all);
                 })
             }
             Op::Accept { seq } => m.accept_drafts(*seq),
@@ -283,16 +299,29 @@ fn run(ops: Vec<Op>, window: usize) -> Result<(), TestCaseError> {
                 let q = base_prompt(*base)[..*len].to_vec();
                 let pm = m.match_prefix(&q, &ExtraKeys::none());
                 for (i, &b) in pm.blocks.iter().enumerate() {
-                    prop_assert!(
-                        sh.block_holds(b, &q[i * BS..(i + 1) * BS]),
-                        "match {:?}",
-                        op
-                    );
+                    prop_assert!(sh.block_holds(b, i, &q[..(i + 1) * BS]), "match {:?}", op);
                 }
                 Ok(())
             }
             Op::Evict { n } => {
                 m.evict_cached(*n);
+                Ok(())
+            }
+            Op::Import { base, len } => {
+                // Blocks loaded from a slower tier: the engine writes their payload.
+                let q = base_prompt(*base)[..*len].to_vec();
+                let chain = m.prefix_hashes(&q, &ExtraKeys::none());
+                m.import_blocks(&q, &ExtraKeys::none(), 0, chain.len())
+                    .map(|imported| {
+                        for (b, h) in imported {
+                            let i = chain.iter().position(|&c| c == h).unwrap();
+                            sh.content.insert(b, q[..(i + 1) * BS].to_vec());
+                        }
+                    })
+            }
+            Op::Reset => {
+                m.reset_prefix_cache();
+                prop_assert_eq!(m.usage().cached, 0);
                 Ok(())
             }
         };
