@@ -91,6 +91,23 @@ pub enum CacheEvent {
     },
 }
 
+impl CacheEvent {
+    /// Translate a block-manager event of `replica` (`deepinfer-kv`'s event stream).
+    pub fn from_kv(replica: usize, ev: &deepinfer_kv::KvEvent) -> Self {
+        match ev {
+            deepinfer_kv::KvEvent::Stored { hash, .. } => CacheEvent::Stored {
+                replica,
+                hashes: vec![hash.0],
+            },
+            deepinfer_kv::KvEvent::Removed { hashes } => CacheEvent::Removed {
+                replica,
+                hashes: hashes.iter().map(|h| h.0).collect(),
+            },
+            deepinfer_kv::KvEvent::Cleared => CacheEvent::Cleared { replica },
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct PrefillLoad {
     pending_tokens: u64,
