@@ -830,7 +830,14 @@ impl Scheduler {
                 time_left,
                 prefill_rows.is_empty() && decode_rows.is_empty(),
             );
-            if !self.cfg.chunked_prefill && q < remaining {
+            // Without chunking a prompt waits until it fits whole; one that can
+            // never fit a step (or a long recompute after preemption) is chunked anyway.
+            let whole_fits = remaining
+                <= self
+                    .cfg
+                    .max_num_batched_tokens
+                    .min(self.cfg.max_chunk_tokens);
+            if !self.cfg.chunked_prefill && q < remaining && whole_fits {
                 q = 0;
             }
             if q == 0 {
@@ -908,9 +915,6 @@ impl Scheduler {
         if q == 0 && step_empty {
             // Progress floor: a budget too small for anything still moves the prompt.
             return self.cfg.min_chunk_tokens.min(cap);
-        }
-        if !self.cfg.chunked_prefill && q < remaining && step_empty {
-            return cap;
         }
         q
     }

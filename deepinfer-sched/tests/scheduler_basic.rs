@@ -293,3 +293,23 @@ fn budgeted_speculation_gives_confident_requests_more_drafts() {
     assert_eq!(saw, Some((3, 1)));
     check_outputs(&done, &[(1, 8, 40), (2, 8, 40)]);
 }
+
+#[test]
+fn without_chunking_prompts_run_whole() {
+    let mut c = cfg();
+    c.chunked_prefill = false;
+    c.max_chunk_tokens = 64;
+    let mut s = scheduler(c, 64, 16);
+    s.add_request(req(1, 40, 3)).unwrap();
+    s.add_request(req(2, 30, 3)).unwrap();
+    let p = s.schedule().unwrap();
+    // 64 tokens of budget: request 1 whole; request 2 (30) would need chunking, so it waits.
+    assert_eq!(p.prefill.len(), 1);
+    assert_eq!((p.prefill[0].request, p.prefill[0].len), (1, 40));
+    s.update(&run(&p, &s)).unwrap();
+    let p = s.schedule().unwrap();
+    assert_eq!((p.prefill[0].request, p.prefill[0].len), (2, 30));
+    s.update(&run(&p, &s)).unwrap();
+    let (done, _) = drive_sync(&mut s, 100);
+    check_outputs(&done, &[(1, 40, 3), (2, 30, 3)]);
+}
