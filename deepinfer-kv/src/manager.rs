@@ -463,6 +463,24 @@ impl BlockManager {
         if !draft && s.committed != s.tokens.len() {
             return Err(KvError::DraftsPending(seq));
         }
+        if let [t] = tokens {
+            // The decode step, without divisions: block tables always hold exactly
+            // ceil(len / block_size) blocks.
+            let len = s.tokens.len();
+            if len == s.blocks.len() * bs {
+                s.blocks.push(self.pool.allocate()?);
+            }
+            let idx = s.blocks.len() - 1;
+            out.push(Slot {
+                block: s.blocks[idx],
+                offset: (len - idx * bs) as u32,
+            });
+            s.tokens.push(*t);
+            if !draft {
+                s.committed = s.tokens.len();
+            }
+            return Ok(());
+        }
         let len = s.tokens.len();
         let need = div_ceil(len + tokens.len(), bs).saturating_sub(s.blocks.len());
         if need > 0 {
@@ -476,12 +494,7 @@ impl BlockManager {
                 offset: (p % bs) as u32,
             });
         }
-        if let [t] = tokens {
-            // The decode step: avoid a memcpy call for four bytes.
-            s.tokens.push(*t);
-        } else {
-            s.tokens.extend_from_slice(tokens);
-        }
+        s.tokens.extend_from_slice(tokens);
         if !draft {
             s.committed = s.tokens.len();
         }
