@@ -239,3 +239,28 @@ fn longest_chain_stops_at_first_miss() {
     assert_eq!(pm.hashes.len(), 4);
     assert_eq!(pm.blocks, m.block_table(1).unwrap()[..2]);
 }
+
+#[test]
+fn sha256_and_unverified_configurations_hit_the_same_way() {
+    use deepinfer_kv::HashAlgo;
+    for (algo, verify) in [
+        (HashAlgo::Sha256, true),
+        (HashAlgo::Xxh3_128, false),
+        (HashAlgo::Sha256, false),
+    ] {
+        let mut cfg = BlockManagerConfig::new(40, 4);
+        cfg.hash_algo = algo;
+        cfg.verify_tokens = verify;
+        cfg.hash_seed = 42;
+        let mut m = BlockManager::new(cfg).unwrap();
+        let p: Vec<u32> = (0..18).collect();
+        m.allocate(1, &p, AllocateOptions::default()).unwrap();
+        m.mark_computed(1, 18).unwrap();
+        let a = m.allocate(2, &p, AllocateOptions::default()).unwrap();
+        assert_eq!(a.plan.reused_tokens, 16, "{algo:?} verify={verify}");
+        let mut q = p.clone();
+        q[5] = 99;
+        let b = m.allocate(3, &q, AllocateOptions::default()).unwrap();
+        assert_eq!(b.plan.reused_tokens, 4, "{algo:?} verify={verify}");
+    }
+}
