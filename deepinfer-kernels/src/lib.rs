@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda_sources;
 pub mod dtype;
 pub mod error;
 pub mod quant;
