@@ -1,0 +1,32 @@
+//! The `deepinfer` command line. Each subcommand lives in its own module with its own
+//! clap `Args` struct and a `run` function; `main` only dispatches.
+
+pub mod score;
+
+use clap::{Parser, Subcommand};
+
+/// deepinfer: a DeepSeek V4.1 / V4 inference engine.
+#[derive(Debug, Parser)]
+#[command(name = "deepinfer", version, about)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Teacher-forced scoring: logits (or log-probabilities) at every position.
+    Score(score::ScoreArgs),
+}
+
+/// Errors of the command line, printed as one line.
+pub type CliResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// Run a parsed command line.
+pub fn run(cli: Cli) -> CliResult {
+    match cli.command {
+        Command::Score(a) => score::run(&a),
+    }
+}

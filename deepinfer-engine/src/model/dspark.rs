@@ -1,0 +1,197 @@
+//! The DSpark block drafter (V4.1 `mtp.*` stages; architecture section 10): context K=V
+//! rows built from the target layers' input streams, a block `[anchor, noise x (B-1)]`
+//! attending the stage's context window plus the whole block (no causal mask), then the
+//! sequential Markov correction and the confidence head.
+
+use super::forward::Ctx;
+use super::state::SeqState;
+use super::{Model, ModelError};
+use deepinfer_kernels::{Backend, TensorInfo};
+
+type R<T> = Result<T, ModelError>;
+
+/// One drafted block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Draft {
+    /// `[B, V]` logits before the Markov correction.
+    pub base_logits: Vec<f32>,
+    /// `[B, V]` logits after it.
+    pub logits: Vec<f32>,
+    /// `[B]` greedy draft tokens (row i predicts position n + 1 + i).
+    pub draft_ids: Vec<u32>,
+    /// `[B]` confidence (sigmoid), an estimate of each draft's acceptance probability.
+    pub confidence: Vec<f32>,
+    /// `[B]` confidence before the sigmoid.
+    pub confidence_logit: Vec<f32>,
+    /// `[B, D]` pre-norm collapsed block rows.
+    pub head_hidden: Vec<f32>,
+}
+
+impl<B: Backend> Model<B> {
+    /// Context side, run with every backbone chunk: each stage keeps its K=V rows of the
+    /// last `sliding_window` positions.
+    pub(crate) fn dspark_context(
+        &self,
+        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        main_hidden: &B::Tensor,
+    ) -> R<()> {
+        let Some(dw) = self.w.dspark.as_ref() else {
+            return Ok(());
+        };
+        let c = &self.cfg;
+        let be = &self.be;
+        let eps = c.rms_norm_eps as f32;
+        self.record(ctx, "dspark.main_hidden", main_hidden)?;
+        let main_x = be.rms_norm(
+            &be.matmul(main_hidden, &dw.main_proj)?,
+            Some(&dw.main_norm),
+            eps,
+        )?;
+        self.record(ctx, "dspark.main_x", &main_x)?;
+        let wn = c.sliding_window;
+        for (j, st) in dw.stages.iter().enumerate() {
+            let kv = be.rope(
+                &be.rms_norm(
+                    &be.matmul(&main_x, &st.attn.wkv)?,
+                    Some(&st.attn.kv_norm),
+                    eps,
+                )?,
+                &ctx.pos,
+                &self.f_main,
+                false,
+            )?;
+            for (si, seg) in ctx.segs.iter().enumerate() {
+                let state: &mut SeqState<B::Tensor> = ctx.states[si];
+                let rows = be.narrow(&kv, 0, seg.off, seg.len)?;
+                let all = match state.dspark_window[j].take() {
+                    Some(p) => be.concat(&[&p, &rows], 0)?,
+                    None => rows,
+                };
+                let n = all.shape()[0];
+                state.dspark_window[j] = Some(if n > wn {
+                    be.narrow(&all, 0, n - wn, wn)?
+                } else {
+                    all
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Draft one block after the `state.pos` tokens consumed so far; `anchor` is the accepted
+    /// token for position `state.pos` (not yet fed to the backbone). The state is not changed.
+    pub fn draft(&self, state: &SeqState<B::Tensor>, anchor: u32) -> R<Draft> {
+        let c = &self.cfg;
+        let be = &self.be;
+        let (dw, ds) = match (self.w.dspark.as_ref(), c.dspark.as_ref()) {
+            (Some(w), Some(d)) => (w, d),
+            _ => return Err(ModelError::Input("this model has no DSpark drafter".into())),
+        };
+        if state.pos == 0 || state.dspark_window.iter().any(Option::is_none) {
+            return Err(ModelError::Input(
+                "drafting needs at least one context token".into(),
+            ));
+        }
+        if anchor as usize >= c.vocab_size {
+            return Err(ModelError::Input(format!(
+                "anchor {anchor} outside the vocabulary"
+            )));
+        }
+        let bsz = ds.block_size;
+        let (h, d, dm, v) = (c.num_heads, c.head_dim, c.hidden_size, c.vocab_size);
+        let eps = c.rms_norm_eps as f32;
+        let pos: Vec<i64> = (0..bsz).map(|i| (state.pos + i) as i64).collect();
+        let mut ids = vec![anchor];
+        ids.extend(std::iter::repeat_n(ds.noise_token_id as u32, bsz - 1));
+        let ids_t = be.upload_i64(&ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), &[bsz])?;
+        let mut x = self.broadcast_streams(&be.gather_rows(&self.w.embed, &ids_t)?, bsz)?;
+        let mut pre = self.one_hot_pre(bsz)?;
+        let mut ctx = Ctx {
+            segs: Vec::new(),
+            states: Vec::new(),
+            pos: pos.clone(),
+            ids: ids.clone(),
+            shared_topk: None,
+            candidates: Vec::new(),
+            trace: None,
+        };
+        for (j, sw) in dw.stages.iter().enumerate() {
+            let ma = self.hc(&x, &sw.hc_attn)?;
+            let xin = be.rms_norm(&be.hc_collapse(&x, &pre)?, Some(&sw.attn_norm), eps)?;
+            // attention: ratio-0 table, keys = the stage's context window + all block rows
+            let aw = &sw.attn;
+            let qr = be.rms_norm(&be.matmul(&xin, &aw.wq_a)?, Some(&aw.q_norm), eps)?;
+            let q = be.rope(
+                &be.reshape(&be.matmul(&qr, &aw.wq_b)?, &[bsz, h, d])?,
+                &pos,
+                &self.f_main,
+                false,
+            )?;
+            let kv = be.rope(
+                &be.rms_norm(&be.matmul(&xin, &aw.wkv)?, Some(&aw.kv_norm), eps)?,
+                &pos,
+                &self.f_main,
+                false,
+            )?;
+            let win = state.dspark_window[j]
+                .as_ref()
+                .ok_or_else(|| ModelError::Input("missing drafter context".into()))?;
+            let keys = be.concat(&[win, &kv], 0)?;
+            let nk = keys.shape()[0];
+            let idx: Vec<i64> = (0..bsz).flat_map(|_| 0..nk as i64).collect();
+            let idx = be.upload_i64(&idx, &[bsz, nk])?;
+            let o = be.sparse_attention(&q, &keys, &idx, &aw.sink, 1.0 / (d as f32).sqrt())?;
+            let o = be.rope(&o, &pos, &self.f_main, true)?;
+            let g = c.o_groups;
+            let z = be.grouped_matmul(&be.reshape(&o, &[bsz, g, h * d / g])?, &aw.wo_a)?;
+            let a = be.matmul(&be.reshape(&z, &[bsz, g * c.o_lora_rank])?, &aw.wo_b)?;
+            x = be.hc_expand(&x, &a, &ma.post, &ma.comb)?;
+            let mf = self.hc(&x, &sw.hc_ffn)?;
+            let fin = be.rms_norm(&be.hc_collapse(&x, &ma.pre)?, Some(&sw.ffn_norm), eps)?;
+            let fo = self.moe(&mut ctx, &fin, &sw.ffn, ds.num_experts_per_tok, None)?;
+            x = be.hc_expand(&x, &fo, &mf.post, &mf.comb)?;
+            pre = mf.pre;
+        }
+        let hid = be.hc_collapse(&x, &pre)?;
+        let base = be.matmul(&be.rms_norm(&hid, Some(&dw.norm), eps)?, &self.w.head)?;
+        let base_host = be.download_f32(&base)?;
+        let mut logits = base_host.clone();
+        let mut drafted = Vec::with_capacity(bsz);
+        let mut prev = anchor;
+        let mut ms = Vec::with_capacity(bsz);
+        for i in 0..bsz {
+            let m = be.gather_rows(&dw.markov_embed, &be.upload_i64(&[prev as i64], &[1])?)?; // [1, r]
+            let corr = be.download_f32(&be.matmul(&m, &dw.markov_head)?)?;
+            let row = &mut logits[i * v..(i + 1) * v];
+            for (o, cval) in row.iter_mut().zip(&corr) {
+                *o += cval;
+            }
+            prev = argmax(row) as u32;
+            drafted.push(prev);
+            ms.push(m);
+        }
+        let mrefs: Vec<&B::Tensor> = ms.iter().collect();
+        let mcat = be.concat(&mrefs, 0)?;
+        let conf = be.download_f32(&be.matmul(&be.concat(&[&hid, &mcat], 1)?, &dw.confidence)?)?;
+        let _ = dm;
+        Ok(Draft {
+            base_logits: base_host,
+            logits,
+            draft_ids: drafted,
+            confidence: conf.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),
+            confidence_logit: conf,
+            head_hidden: be.download_f32(&hid)?,
+        })
+    }
+}
+
+/// Index of the largest value (lowest index on ties).
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}

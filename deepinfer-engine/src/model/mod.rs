@@ -1,0 +1,191 @@
+//! The DeepSeek V4.1 and V4 model graphs, written against [`deepinfer_kernels::Backend`].
+
+mod attention;
+mod dspark;
+mod forward;
+mod state;
+mod weights;
+
+pub use dspark::Draft;
+pub use forward::{BatchItem, Logits, Trace};
+pub use state::{CompressorState, SeqState};
+pub use weights::{
+    AttnW, BlockW, CompressorW, DSparkW, EngramW, FfnW, HcW, IndexerW, LoadWeightsError, ModelW,
+};
+
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::config::{ConfigError, ModelConfig, ModelKind};
+use crate::engram::{EngramError, EngramHasher};
+use deepinfer_kernels::{Backend, KernelError, RopeParams, YarnParams};
+use std::path::{Path, PathBuf};
+
+/// Anything that can go wrong loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// Bad config.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Unreadable checkpoint file.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Tensors that do not fit the config.
+    #[error(transparent)]
+    Weights(#[from] LoadWeightsError),
+    /// Engram set-up.
+    #[error(transparent)]
+    Engram(#[from] EngramError),
+    /// A backend operation failed.
+    #[error("backend: {0}")]
+    Backend(#[from] KernelError),
+    /// Bad input to a forward call.
+    #[error("invalid input: {0}")]
+    Input(String),
+}
+
+/// A loaded model on a backend.
+pub struct Model<B: Backend> {
+    /// The validated config.
+    pub cfg: ModelConfig,
+    pub(crate) be: B,
+    pub(crate) w: ModelW<B::Tensor>,
+    pub(crate) f_main: Vec<f64>,
+    pub(crate) f_comp: Vec<f64>,
+    pub(crate) hasher: Option<EngramHasher>,
+    /// `[1, D]` of ones: sums over the last axis via `matmul`.
+    pub(crate) ones_d: B::Tensor,
+}
+
+impl<B: Backend> std::fmt::Debug for Model<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("kind", &self.cfg.kind)
+            .field("layers", &self.cfg.num_layers)
+            .field("backend", &self.be.name())
+            .finish()
+    }
+}
+
+/// Where a model directory's config lives: `config.json`, else `inference/config.json`.
+pub fn config_path(dir: &Path) -> PathBuf {
+    let hf = dir.join("config.json");
+    if hf.exists() {
+        return hf;
+    }
+    let ds = dir.join("inference").join("config.json");
+    if ds.exists() { ds } else { hf }
+}
+
+impl<B: Backend> Model<B> {
+    /// Load `config.json` and the weights (`model.safetensors` or its shard index) of `dir`.
+    pub fn load(dir: &Path, be: B) -> Result<Self, ModelError> {
+        let cfg = ModelConfig::from_file(&config_path(dir))?;
+        let ck = Checkpoint::open_dir(dir)?;
+        let token_map = load_token_map(dir, &cfg)?;
+        Self::from_parts(cfg, &ck, token_map, be)
+    }
+
+    /// Load with an explicit list of weight files (e.g. `model.upstream.safetensors`).
+    pub fn load_with_files(dir: &Path, files: &[PathBuf], be: B) -> Result<Self, ModelError> {
+        let cfg = ModelConfig::from_file(&config_path(dir))?;
+        let ck = Checkpoint::open_files(files)?;
+        let token_map = load_token_map(dir, &cfg)?;
+        Self::from_parts(cfg, &ck, token_map, be)
+    }
+
+    /// Build from a parsed config, an opened checkpoint and (for Engram) the token map.
+    pub fn from_parts(
+        cfg: ModelConfig,
+        ck: &Checkpoint,
+        token_map: Option<Vec<i64>>,
+        be: B,
+    ) -> Result<Self, ModelError> {
+        let hasher = match (&cfg.engram, token_map) {
+            (Some(ec), Some(tm)) => Some(EngramHasher::new(ec, tm, cfg.vocab_size)?),
+            (Some(_), None) => {
+                return Err(ModelError::Engram(EngramError::TokenMap(
+                    "the config has Engram layers but no engram_token_map.json was given".into(),
+                )));
+            }
+            _ => None,
+        };
+        let w = ModelW::load(&cfg, ck, &be)?;
+        let r = cfg.rope_dim;
+        let f_main = RopeParams {
+            theta: cfg.rope_theta,
+            dims: r,
+            yarn: None,
+        }
+        .inv_freq();
+        let f_comp = RopeParams {
+            theta: cfg.compress_rope_theta,
+            dims: r,
+            yarn: cfg.yarn.map(|y| YarnParams {
+                factor: y.factor,
+                original_max_position_embeddings: y.original_max_position_embeddings,
+                beta_fast: y.beta_fast,
+                beta_slow: y.beta_slow,
+            }),
+        }
+        .inv_freq();
+        let ones_d = be.upload_f32(&vec![1.0; cfg.hidden_size], &[1, cfg.hidden_size])?;
+        Ok(Model {
+            cfg,
+            be,
+            w,
+            f_main,
+            f_comp,
+            hasher,
+            ones_d,
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.be
+    }
+
+    /// A fresh sequence state.
+    pub fn new_state(&self) -> SeqState<B::Tensor> {
+        SeqState::new(
+            self.cfg.num_layers,
+            self.cfg.dspark.as_ref().map(|d| d.stages).unwrap_or(0),
+        )
+    }
+
+    /// Whether this model has the DSpark drafter.
+    pub fn has_drafter(&self) -> bool {
+        self.w.dspark.is_some()
+    }
+
+    /// The model kind.
+    pub fn kind(&self) -> ModelKind {
+        self.cfg.kind
+    }
+}
+
+fn load_token_map(dir: &Path, cfg: &ModelConfig) -> Result<Option<Vec<i64>>, ModelError> {
+    if cfg.engram.is_none() {
+        return Ok(None);
+    }
+    let p = dir.join("engram_token_map.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| {
+        ModelError::Engram(EngramError::TokenMap(format!(
+            "cannot read {}: {e}",
+            p.display()
+        )))
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ModelError::Engram(EngramError::TokenMap(e.to_string())))?;
+    let arr = v
+        .get("token_map")
+        .or(Some(&v))
+        .and_then(|x| x.as_array())
+        .ok_or_else(|| ModelError::Engram(EngramError::TokenMap("no `token_map` list".into())))?;
+    arr.iter()
+        .map(|x| {
+            x.as_i64()
+                .ok_or_else(|| ModelError::Engram(EngramError::TokenMap(format!("bad entry {x}"))))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}

@@ -1,0 +1,79 @@
+//! Per-sequence state between forward calls.
+//!
+//! Exact model state, kept per sequence in backend tensors:
+//! - window state: the last `sliding_window - 1` K=V rows of every layer (fixed size);
+//! - global state: compressed entries and indexer keys of the layers that own them (grows
+//!   with the sequence; V4.1 keeps them only on KV-source layers);
+//! - small state: open compressor rows not yet pooled (and, for V4's overlapping
+//!   compressors, the last complete group), the token history for the Engram look-back, and
+//!   the DSpark stages' context windows.
+//!
+//! The global state lives here as contiguous per-sequence tensors, not yet in paged blocks
+//! owned by `deepinfer-kv`; [`SeqState::global_entries`] reports its size so a block manager can
+//! account for it.
+
+/// Open rows of one compressor: raw value and gate projections not yet pooled, plus (for
+/// overlapping compressors) the rows of the last complete group.
+#[derive(Debug, Clone)]
+pub struct CompressorState<T> {
+    /// `(a, z)` rows of the open group.
+    pub pending: Option<(T, T)>,
+    /// `(a, z)` rows of the last complete group (V4 CSA overlap context).
+    pub previous: Option<(T, T)>,
+}
+
+impl<T> Default for CompressorState<T> {
+    fn default() -> Self {
+        CompressorState {
+            pending: None,
+            previous: None,
+        }
+    }
+}
+
+/// Everything that persists between forward calls for one sequence.
+#[derive(Debug, Clone)]
+pub struct SeqState<T> {
+    /// Tokens consumed so far (the next token's position).
+    pub pos: usize,
+    /// Token ids consumed so far (the Engram look-back reads the tail).
+    pub history: Vec<u32>,
+    /// Per layer: the last `sliding_window - 1` K=V rows `[rows, d]`.
+    pub window: Vec<Option<T>>,
+    /// Per layer: compressed entries `[T, d]` (where the layer owns them).
+    pub entries: Vec<Option<T>>,
+    /// Per layer: indexer keys `[T, di]` (where the layer owns them).
+    pub index_keys: Vec<Option<T>>,
+    /// Per layer: the main compressor's open rows.
+    pub compressor: Vec<CompressorState<T>>,
+    /// Per layer: the V4 indexer compressor's open rows.
+    pub index_compressor: Vec<CompressorState<T>>,
+    /// Per DSpark stage: context K=V rows of the last `sliding_window` positions.
+    pub dspark_window: Vec<Option<T>>,
+}
+
+impl<T> SeqState<T> {
+    /// A fresh sequence for a model with `layers` backbone layers and `stages` drafter stages.
+    pub fn new(layers: usize, stages: usize) -> Self {
+        SeqState {
+            pos: 0,
+            history: Vec::new(),
+            window: (0..layers).map(|_| None).collect(),
+            entries: (0..layers).map(|_| None).collect(),
+            index_keys: (0..layers).map(|_| None).collect(),
+            compressor: (0..layers).map(|_| CompressorState::default()).collect(),
+            index_compressor: (0..layers).map(|_| CompressorState::default()).collect(),
+            dspark_window: (0..stages).map(|_| None).collect(),
+        }
+    }
+}
+
+impl<T: deepinfer_kernels::TensorInfo> SeqState<T> {
+    /// Compressed entries held per layer (0 where the layer owns none).
+    pub fn global_entries(&self) -> Vec<usize> {
+        self.entries
+            .iter()
+            .map(|e| e.as_ref().map(|t| t.shape()[0]).unwrap_or(0))
+            .collect()
+    }
+}

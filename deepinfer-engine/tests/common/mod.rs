@@ -1,0 +1,109 @@
+//! Shared helpers for the golden tests: fixture paths, a golden-file reader, model loading.
+#![allow(dead_code)]
+
+use deepinfer_engine::{BatchItem, Logits, Model};
+use deepinfer_kernels::{CpuBackend, CpuConfig};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// `tests/data/<name>`.
+pub fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// A golden tensor as f64 values (ints converted) with its shape.
+#[derive(Debug, Clone)]
+pub struct G {
+    pub shape: Vec<usize>,
+    pub v: Vec<f64>,
+}
+
+impl G {
+    pub fn ids(&self) -> Vec<u32> {
+        self.v.iter().map(|&x| x as u32).collect()
+    }
+    pub fn row(&self, r: usize) -> &[f64] {
+        let c: usize = self.shape[1..].iter().product();
+        &self.v[r * c..(r + 1) * c]
+    }
+}
+
+pub fn golden(dir: &str) -> HashMap<String, G> {
+    let bytes = std::fs::read(data(dir).join("golden.safetensors")).expect("golden file");
+    let st = SafeTensors::deserialize(&bytes).expect("golden parses");
+    let mut out = HashMap::new();
+    for (name, t) in st.tensors() {
+        let d = t.data();
+        let v: Vec<f64> = match t.dtype() {
+            Dtype::F32 => d
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+                .collect(),
+            Dtype::I64 => d
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
+            Dtype::U8 => d.iter().map(|&x| x as f64).collect(),
+            other => panic!("unexpected golden dtype {other:?}"),
+        };
+        out.insert(
+            name,
+            G {
+                shape: t.shape().to_vec(),
+                v,
+            },
+        );
+    }
+    out
+}
+
+pub fn backend() -> CpuBackend {
+    CpuBackend::with_config(CpuConfig {
+        batch_invariant: true,
+        threads: Some(2),
+    })
+    .expect("cpu backend")
+}
+
+pub fn load(dir: &str) -> Model<CpuBackend> {
+    Model::load(&data(dir), backend()).expect("model loads")
+}
+
+pub fn max_diff(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Logits of every position for `ids` fed in chunks of `chunk`.
+pub fn chunked(m: &Model<CpuBackend>, ids: &[u32], chunk: usize) -> Vec<f32> {
+    let mut st = m.new_state();
+    let mut out = Vec::new();
+    for part in ids.chunks(chunk) {
+        let mut items = [BatchItem {
+            state: &mut st,
+            tokens: part,
+        }];
+        out.extend(
+            m.forward(&mut items, Logits::All, None)
+                .expect("forward")
+                .remove(0),
+        );
+    }
+    out
+}
+
+pub fn argmax(v: &[f32]) -> usize {
+    let mut b = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[b] {
+            b = i;
+        }
+    }
+    b
+}
