@@ -9,7 +9,7 @@ decoded token starts one and the last block hashed when a decoded token fills it
 manager is modelled; the scheduler loop is the same as the Rust trace (benches/trace.rs).
 
 Run: python3 benches/compare/nano_vllm_trace.py   (needs: pip install xxhash numpy)
-and compare with: cargo run --release -p deepinfer-kv --example trace_cpu
+and compare with: cargo run --release -p deepinfer-kv --example cpu_figures
 """
 
 import time
