@@ -103,6 +103,63 @@ pub(crate) fn top_p_need(z: u64, top_p_fixed: u64) -> u64 {
     prod.div_ceil(1u128 << WEIGHT_BITS) as u64
 }
 
+/// Coarse, order-preserving bucket of a weight: 0 for 0, else its binary
+/// exponent and the next 4 bits (`1 + 16 * e + m`, at most 528). Weight is
+/// non-decreasing in rank, so a higher bucket always ranks first.
+#[inline]
+fn weight_bucket(w: u64) -> usize {
+    if w == 0 {
+        return 0;
+    }
+    let lz = w.leading_zeros();
+    let m = ((w << lz) >> 59) & 0xF;
+    (16 * (63 - lz) + m as u32 + 1) as usize
+}
+
+/// Number of weight buckets.
+const WEIGHT_BUCKETS: usize = 16 * 33 + 1;
+
+/// Keep the shortest best-first prefix of `c` whose weight reaches `need`
+/// (as [`weighted_prefix`]), for large `c`: a histogram of weight buckets finds
+/// the bucket where the prefix ends; only that bucket is searched.
+pub(crate) fn top_p_filter(c: &mut Vec<Cand>, need: u64) {
+    if c.len() <= 512 {
+        let n = weighted_prefix(c, need);
+        c.truncate(n);
+        return;
+    }
+    let mut hist = [0u64; WEIGHT_BUCKETS];
+    for x in c.iter() {
+        hist[weight_bucket(x.w)] += x.w;
+    }
+    let mut above = 0u64;
+    let mut edge = 0usize;
+    for b in (0..WEIGHT_BUCKETS).rev() {
+        if above + hist[b] >= need {
+            edge = b;
+            break;
+        }
+        above += hist[b];
+    }
+    // [bucket > edge | bucket == edge], everything lower dropped.
+    let mut n_above = 0usize;
+    let mut n_keep = 0usize;
+    for r in 0..c.len() {
+        let b = weight_bucket(c[r].w);
+        if b >= edge {
+            c.swap(n_keep, r);
+            if b > edge {
+                c.swap(n_above, n_keep);
+                n_above += 1;
+            }
+            n_keep += 1;
+        }
+    }
+    c.truncate(n_keep);
+    let k = weighted_prefix(&mut c[n_above..], need.saturating_sub(above).max(1));
+    c.truncate(n_above + k);
+}
+
 /// Reorder `c` so its shortest best-first prefix with weight `>= need`
 /// occupies `c[..n]`, and return `n` (all of `c` if the total is below
 /// `need`). Weighted quickselect: expected linear time, no full sort.
@@ -187,6 +244,47 @@ mod tests {
         }
         let mut c = cands(&[(1.0, 5), (2.0, 5)]);
         assert_eq!(weighted_prefix(&mut c, 100), 2);
+    }
+
+    #[test]
+    fn buckets_are_monotone() {
+        let mut prev = 0;
+        for w in (0..33).flat_map(|e| (0..64u64).map(move |m| (1u64 << e) + m * ((1u64 << e) / 64)))
+        {
+            let b = weight_bucket(w);
+            assert!(b >= prev && b < WEIGHT_BUCKETS, "{w}");
+            prev = b;
+        }
+        assert_eq!(weight_bucket(0), 0);
+        assert_eq!(weight_bucket(1), 1);
+    }
+
+    #[test]
+    fn top_p_filter_matches_weighted_prefix() {
+        for n in [600usize, 3000] {
+            let c: Vec<Cand> = (0..n)
+                .map(|i| {
+                    let l = ((i * 7919) % 1013) as f32 * 0.01;
+                    Cand {
+                        id: i as u32,
+                        l,
+                        w: relative_weight(l - 10.12, 0.5),
+                    }
+                })
+                .collect();
+            let total: u64 = c.iter().map(|x| x.w).sum();
+            for need in [1, total / 10, total / 2, total - 1, total] {
+                let mut a = c.clone();
+                let k = weighted_prefix(&mut a, need);
+                let mut want: Vec<u32> = a[..k].iter().map(|x| x.id).collect();
+                let mut b = c.clone();
+                top_p_filter(&mut b, need);
+                let mut got: Vec<u32> = b.iter().map(|x| x.id).collect();
+                want.sort();
+                got.sort();
+                assert_eq!(got, want, "n {n} need {need}");
+            }
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! log-probabilities.
 
 use crate::error::SampleError;
-use crate::filter::{Cand, best, gather, rank, top_k, top_p_need, weigh, weighted_prefix};
+use crate::filter::{Cand, best, gather, rank, top_k, top_p_filter, top_p_need, weigh};
 use crate::fixed_point::{det_exp, pick};
 use crate::logits::{Adjust, LogitValue, Row, build_adjustments, check_shape};
 use crate::params::{LogprobSource, SamplingParams};
@@ -105,8 +105,7 @@ pub(crate) fn distribution<L: LogitValue>(
     weigh(&mut s.cands, top.l, temperature);
     if params.top_p < 1.0 {
         let z: u64 = s.cands.iter().map(|c| c.w).sum();
-        let n = weighted_prefix(&mut s.cands, top_p_need(z, params.top_p_fixed()));
-        s.cands.truncate(n);
+        top_p_filter(&mut s.cands, top_p_need(z, params.top_p_fixed()));
     }
     if params.min_p > 0.0 {
         let floor = params.min_p_weight();
