@@ -7,7 +7,7 @@ use super::state::{CompressorState, SeqState};
 use super::{Model, ModelError};
 use crate::config::{AttnKind, ModelKind, last_at_or_below};
 use crate::model::weights::{AttnW, CompressorW};
-use deepinfer_kernels::{Backend, TensorInfo};
+use deepinfer_kernels::{Backend, FakeQuant, TensorInfo};
 
 type R<T> = Result<T, ModelError>;
 
@@ -46,6 +46,7 @@ impl<B: Backend> Model<B> {
             f,
             false,
         )?;
+        let kv = self.cache_quant(kv, FakeQuant::Fp8 { block: 32 })?;
 
         // Compressed entries: which layer's entries, and which of them each row reads.
         let (entry_layer, selection): (Option<usize>, Option<Selection>) = match c.attn_kinds[l] {
@@ -236,6 +237,8 @@ impl<B: Backend> Model<B> {
                 &self.f_comp,
                 false,
             )?;
+            let ent = self.cache_quant(ent, FakeQuant::Nvfp4 { block: 16 })?;
+            let key = self.cache_quant(key, FakeQuant::Mxfp4 { block: 32 })?;
             append(be, &mut st.entries[l], ent)?;
             append(be, &mut st.index_keys[l], key)?;
         }
@@ -329,6 +332,12 @@ impl<B: Backend> Model<B> {
                 &self.f_comp,
                 false,
             )?;
+            let fq = if for_indexer {
+                FakeQuant::Mxfp4 { block: 32 }
+            } else {
+                FakeQuant::Nvfp4 { block: 16 }
+            };
+            let ent = self.cache_quant(ent, fq)?;
             append(be, slot, ent)?;
         }
         Ok(())
@@ -365,6 +374,7 @@ impl<B: Backend> Model<B> {
             &self.f_comp,
             false,
         )?;
+        let qi = self.cache_quant(qi, FakeQuant::Mxfp4 { block: 32 })?;
         let wts = be.matmul(x, &iw.weights_proj)?;
         let scale = ((di as f64).powf(-0.5) * (hi as f64).powf(-0.5)) as f32;
         let cand_src = c.candidate_source_layer;
@@ -473,6 +483,7 @@ impl<B: Backend> Model<B> {
             &self.f_comp,
             false,
         )?;
+        let qi = self.cache_quant(qi, FakeQuant::Mxfp4 { block: 32 })?;
         let wts = be.matmul(x, &iw.weights_proj)?;
         let scale = ((di as f64).powf(-0.5) * (hi as f64).powf(-0.5)) as f32;
         let mut out = Vec::with_capacity(ctx.segs.len());

@@ -6,7 +6,7 @@
 use super::forward::Ctx;
 use super::state::SeqState;
 use super::{Model, ModelError};
-use deepinfer_kernels::{Backend, TensorInfo};
+use deepinfer_kernels::{Backend, FakeQuant, TensorInfo};
 
 type R<T> = Result<T, ModelError>;
 
@@ -60,6 +60,7 @@ impl<B: Backend> Model<B> {
                 &self.f_main,
                 false,
             )?;
+            let kv = self.cache_quant(kv, FakeQuant::Fp8 { block: 32 })?;
             for (si, seg) in ctx.segs.iter().enumerate() {
                 let state: &mut SeqState<B::Tensor> = ctx.states[si];
                 let rows = be.narrow(&kv, 0, seg.off, seg.len)?;
@@ -133,6 +134,7 @@ impl<B: Backend> Model<B> {
                 &self.f_main,
                 false,
             )?;
+            let kv = self.cache_quant(kv, FakeQuant::Fp8 { block: 32 })?;
             let win = state.dspark_window[j]
                 .as_ref()
                 .ok_or_else(|| ModelError::Input("missing drafter context".into()))?;

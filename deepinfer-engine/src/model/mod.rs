@@ -14,7 +14,7 @@ pub use weights::{
 };
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::config::{ConfigError, ModelConfig, ModelKind};
+use crate::config::{AttnKind, ConfigError, ModelConfig, ModelKind};
 use crate::engram::{EngramError, EngramHasher};
 use deepinfer_kernels::{Backend, KernelError, RopeParams, YarnParams};
 use std::path::{Path, PathBuf};
@@ -53,6 +53,8 @@ pub struct Model<B: Backend> {
     pub(crate) hasher: Option<EngramHasher>,
     /// `[1, D]` of ones: sums over the last axis via `matmul`.
     pub(crate) ones_d: B::Tensor,
+    /// Production approximation: round the cached tensors through their storage formats.
+    pub(crate) cache_round_trips: bool,
 }
 
 impl<B: Backend> std::fmt::Debug for Model<B> {
@@ -136,7 +138,67 @@ impl<B: Backend> Model<B> {
             f_comp,
             hasher,
             ones_d,
+            cache_round_trips: false,
         })
+    }
+
+    /// Switch the cache round trips on or off (off = exact mode, the default). When on, the
+    /// window K=V rows go through MXFP8 (e4m3, power-of-two scale per 32), compressed entries
+    /// through NVFP4 (e2m1, e4m3 scale per 16) and indexer keys and queries through MXFP4
+    /// (e2m1, power-of-two scale per 32), as DeepSeek's reference does (its QAT) and as
+    /// production caches store them. This changes the logits (see the README for figures).
+    pub fn set_cache_round_trips(&mut self, on: bool) {
+        self.cache_round_trips = on;
+    }
+
+    /// Round `x` through a cache storage format when the round trips are on.
+    pub(crate) fn cache_quant(
+        &self,
+        x: B::Tensor,
+        f: deepinfer_kernels::FakeQuant,
+    ) -> Result<B::Tensor, ModelError> {
+        if self.cache_round_trips {
+            Ok(self.be.fake_quant(&x, f)?)
+        } else {
+            Ok(x)
+        }
+    }
+
+    /// The byte layout of this model's cache state as this engine keeps it (f32), for a
+    /// `deepinfer-kv` block manager: paged parts (compressed entries and indexer keys of each
+    /// owning layer, per block of `block_size` tokens) and fixed per-sequence parts (window rows
+    /// of every layer with `spec_slack` extra rows, DSpark context windows).
+    pub fn kv_layout(
+        &self,
+        block_size: usize,
+        spec_slack: usize,
+    ) -> Result<deepinfer_kv::KvLayout, ModelError> {
+        let c = &self.cfg;
+        let mut lay = deepinfer_kv::KvLayout::new(block_size)
+            .map_err(|e| ModelError::Input(format!("kv layout: {e}")))?;
+        let (d, di) = (c.head_dim as u64, c.index_head_dim as u64);
+        for l in 0..c.num_layers {
+            let r = c.compress_ratios[l];
+            let per_entry = match c.attn_kinds[l] {
+                AttnKind::Shared if c.kv_source_layers.contains(&l) => (d + di) * 4,
+                AttnKind::Csa => (d + di) * 4,
+                AttnKind::Hca => d * 4,
+                _ => continue,
+            };
+            let entries = block_size.div_ceil(r) as u64;
+            lay = lay.with_block_part(&format!("layer{l}.entries"), entries * per_entry);
+        }
+        let rows = (c.sliding_window - 1 + spec_slack) as u64;
+        lay = lay.with_window_state("window", c.num_layers as u64, rows, d * 4);
+        if let Some(ds) = &c.dspark {
+            lay = lay.with_window_state(
+                "dspark.window",
+                ds.stages as u64,
+                c.sliding_window as u64,
+                d * 4,
+            );
+        }
+        Ok(lay)
     }
 
     /// The backend.
