@@ -63,3 +63,69 @@ fn kv_layout_describes_the_state() {
     // CSA layers 1, 3 (ratio 4, d + di) and HCA layer 2 (ratio 16, d)
     assert_eq!(lay.bytes_per_block(), (2 * 32 * 96 * 4 + 8 * 64 * 4) as u64);
 }
+
+/// Bounded replay: the window rebuilt from the last `sliding_window` tokens of a prefix hit.
+/// Exact when the replay starts at position 0; otherwise the shift is measured.
+fn replay_shift(dir: &str, hit: usize) -> f64 {
+    let g = golden(dir);
+    let m = load(dir);
+    let ids = g["p3.input_ids"].ids();
+    let v = m.cfg.vocab_size;
+    let w = m.cfg.sliding_window.min(hit);
+    let exact = &g["p3.logits"].v[hit * v..];
+    let mut st = m.new_state();
+    let mut it = [deepinfer_engine::BatchItem {
+        state: &mut st,
+        tokens: &ids[..hit],
+    }];
+    m.forward(&mut it, deepinfer_engine::Logits::Last, None)
+        .unwrap();
+    st.drop_window();
+    m.rebuild_window(&mut st, &ids[hit - w..hit]).unwrap();
+    let mut it = [deepinfer_engine::BatchItem {
+        state: &mut st,
+        tokens: &ids[hit..],
+    }];
+    let got = m
+        .forward(&mut it, deepinfer_engine::Logits::All, None)
+        .unwrap()
+        .remove(0);
+    max_diff(&got, exact)
+}
+
+#[test]
+fn bounded_replay_is_exact_from_position_zero_and_measured_otherwise() {
+    for dir in ["v41-tiny-dev", "v4-tiny-dev"] {
+        let exact = replay_shift(dir, 6);
+        assert!(
+            exact < 1e-4,
+            "{dir}: replay from position 0 must be exact ({exact:.3e})"
+        );
+        let s32 = replay_shift(dir, 32);
+        let s64 = replay_shift(dir, 64);
+        eprintln!(
+            "{dir}: bounded replay max |logit shift| after a 32-token hit {s32:.3e}, 64-token hit {s64:.3e}"
+        );
+        assert!(
+            s32 > 1e-4 && s64 > 1e-4,
+            "{dir}: replay past the window should be approximate"
+        );
+    }
+}
+
+#[test]
+fn bad_replay_is_an_error() {
+    let m = load("v41-tiny-dev");
+    let mut st = m.new_state();
+    let mut it = [deepinfer_engine::BatchItem {
+        state: &mut st,
+        tokens: &[1, 2, 3],
+    }];
+    m.forward(&mut it, deepinfer_engine::Logits::Last, None)
+        .unwrap();
+    assert!(m.rebuild_window(&mut st, &[2, 4]).is_err());
+    assert!(m.rebuild_window(&mut st, &[]).is_err());
+    assert!(m.rebuild_window(&mut st, &[0, 1, 2, 3]).is_err());
+    m.rebuild_window(&mut st, &[2, 3]).unwrap();
+    assert_eq!(st.pos, 3);
+}

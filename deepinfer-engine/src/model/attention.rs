@@ -54,7 +54,7 @@ impl<B: Backend> Model<B> {
             AttnKind::Shared => {
                 let src = last_at_or_below(&c.kv_source_layers, l)
                     .ok_or_else(|| ModelError::Input(format!("layer {l} has no KV source")))?;
-                if src == l {
+                if src == l && !ctx.replay {
                     self.compress_v41(ctx, x, l)?;
                 }
                 if c.index_source_layers.contains(&l) {
@@ -68,13 +68,15 @@ impl<B: Backend> Model<B> {
                     .compressor
                     .as_ref()
                     .ok_or_else(|| missing(l, "compressor"))?;
-                self.compress_v4(ctx, x, l, cw, false)?;
                 let iw = aw.indexer.as_ref().ok_or_else(|| missing(l, "indexer"))?;
                 let icw = iw
                     .compressor
                     .as_ref()
                     .ok_or_else(|| missing(l, "indexer compressor"))?;
-                self.compress_v4(ctx, x, l, icw, true)?;
+                if !ctx.replay {
+                    self.compress_v4(ctx, x, l, cw, false)?;
+                    self.compress_v4(ctx, x, l, icw, true)?;
+                }
                 (Some(l), Some(self.indexer_v4(ctx, x, &qr, l)?))
             }
             AttnKind::Hca => {
@@ -82,7 +84,9 @@ impl<B: Backend> Model<B> {
                     .compressor
                     .as_ref()
                     .ok_or_else(|| missing(l, "compressor"))?;
-                self.compress_v4(ctx, x, l, cw, false)?;
+                if !ctx.replay {
+                    self.compress_v4(ctx, x, l, cw, false)?;
+                }
                 // every visible entry
                 let mut sel = Vec::with_capacity(ctx.segs.len());
                 for (si, seg) in ctx.segs.iter().enumerate() {

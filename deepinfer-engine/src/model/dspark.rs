@@ -115,6 +115,7 @@ impl<B: Backend> Model<B> {
             shared_topk: None,
             candidates: Vec::new(),
             trace: None,
+            replay: false,
         };
         for (j, sw) in dw.stages.iter().enumerate() {
             let ma = self.hc(&x, &sw.hc_attn)?;

@@ -54,6 +54,8 @@ pub(crate) struct Ctx<'a, 'b, T> {
     /// Per segment: candidate keep mask of the candidate source layer (V4.1).
     pub candidates: Candidates<T>,
     pub trace: Option<&'a mut Trace>,
+    /// Bounded replay: rebuild window state only (compressors untouched, no advance).
+    pub replay: bool,
 }
 
 impl<B: Backend> Model<B> {
@@ -88,6 +90,15 @@ impl<B: Backend> Model<B> {
         &self,
         items: &mut [BatchItem<'_, B::Tensor>],
         trace: Option<&mut Trace>,
+    ) -> R<(B::Tensor, usize)> {
+        self.forward_hidden_mode(items, trace, false)
+    }
+
+    pub(crate) fn forward_hidden_mode(
+        &self,
+        items: &mut [BatchItem<'_, B::Tensor>],
+        trace: Option<&mut Trace>,
+        replay: bool,
     ) -> R<(B::Tensor, usize)> {
         let c = &self.cfg;
         let be = &self.be;
@@ -157,6 +168,7 @@ impl<B: Backend> Model<B> {
             shared_topk: None,
             candidates: (0..n_items).map(|_| None).collect(),
             trace,
+            replay,
         };
         let (n, dm) = (c.hc_mult, c.hidden_size);
         let eps = c.rms_norm_eps as f32;
@@ -250,6 +262,9 @@ impl<B: Backend> Model<B> {
             self.dspark_context(&mut ctx, &main_hidden)?;
         }
         for (st, seg) in ctx.states.iter_mut().zip(ctx.segs.iter()) {
+            if replay {
+                continue;
+            }
             st.pos += seg.len;
             st.history
                 .extend_from_slice(&ctx.ids[seg.off..seg.off + seg.len]);

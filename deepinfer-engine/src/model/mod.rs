@@ -201,6 +201,46 @@ impl<B: Backend> Model<B> {
         Ok(lay)
     }
 
+    /// Bounded replay (a production approximation): rebuild the window state of a sequence
+    /// whose global state (compressed entries, indexer keys, open compressor rows) came from a
+    /// prefix cache without window state, by re-running its last `tokens` (at most
+    /// `sliding_window` of them, the ones just before `state.pos`). Window attention during
+    /// the replay reads no rows below the replay start, and the compressors are not run, as in
+    /// vLLM's and SGLang's prefix replay. Rows of layers above the first see a truncated
+    /// history, so the rebuilt windows (and the logits after them) are approximate unless the
+    /// replay starts at position 0.
+    pub fn rebuild_window(
+        &self,
+        state: &mut SeqState<B::Tensor>,
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        let n = tokens.len();
+        if n == 0 || n > state.pos || n > self.cfg.sliding_window {
+            return Err(ModelError::Input(format!(
+                "replay of {n} tokens: needs 1..=min(sliding_window, position {})",
+                state.pos
+            )));
+        }
+        if state.history.len() != state.pos || state.history[state.pos - n..] != *tokens {
+            return Err(ModelError::Input(
+                "replayed tokens are not the sequence's last tokens".into(),
+            ));
+        }
+        state.drop_window();
+        let tail = state.history.split_off(state.pos - n);
+        state.pos -= n;
+        let res = {
+            let mut items = [BatchItem {
+                state: &mut *state,
+                tokens,
+            }];
+            self.forward_hidden_mode(&mut items, None, true).map(|_| ())
+        };
+        state.pos += n;
+        state.history.extend(tail);
+        res
+    }
+
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.be

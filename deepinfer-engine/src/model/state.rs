@@ -68,6 +68,15 @@ impl<T> SeqState<T> {
     }
 }
 
+impl<T> SeqState<T> {
+    /// Forget the window state (every layer's window rows and the DSpark context windows),
+    /// as a prefix cache that keeps only global state would.
+    pub fn drop_window(&mut self) {
+        self.window.iter_mut().for_each(|w| *w = None);
+        self.dspark_window.iter_mut().for_each(|w| *w = None);
+    }
+}
+
 impl<T: deepinfer_kernels::TensorInfo> SeqState<T> {
     /// Compressed entries held per layer (0 where the layer owns none).
     pub fn global_entries(&self) -> Vec<usize> {
