@@ -113,3 +113,22 @@ fn unknown_model_type_is_rejected() {
         Err(ConfigError::Json(_))
     ));
 }
+
+#[test]
+fn model_dir_with_only_deepseek_inference_config_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("inference")).unwrap();
+    std::fs::copy(
+        data("v41-tiny-dev/inference_config.json"),
+        dir.path().join("inference/config.json"),
+    )
+    .unwrap();
+    for f in ["model.safetensors", "engram_token_map.json"] {
+        std::fs::copy(data(&format!("v41-tiny-dev/{f}")), dir.path().join(f)).unwrap();
+    }
+    let m = deepinfer_engine::Model::load(dir.path(), common::backend()).unwrap();
+    let g = common::golden("v41-tiny-dev");
+    let ids = g["p1.input_ids"].ids();
+    let d = common::max_diff(&common::chunked(&m, &ids, ids.len()), &g["p1.logits"].v);
+    assert!(d < 1e-4, "{d:.3e}");
+}
