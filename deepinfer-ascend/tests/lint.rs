@@ -174,3 +174,20 @@ fn constant_drift_is_caught() {
     let r: Vec<Rule> = lint_text(k, &text).into_iter().map(|i| i.rule).collect();
     assert!(r.contains(&Rule::Constant), "{r:?}");
 }
+
+#[test]
+fn commented_out_code_does_not_count() {
+    // A buffer whose only InitBuffer is commented out is uninitialised.
+    let r = mutate(
+        "sampling",
+        "pipe.InitBuffer(tmpBuf, t.tmp_bytes);",
+        "// pipe.InitBuffer(tmpBuf, t.tmp_bytes);",
+    );
+    assert!(r.contains(&Rule::BufferInit), "{r:?}");
+    let r = mutate(
+        "sampling",
+        "pipe.InitBuffer(tmpBuf, t.tmp_bytes);",
+        "/* pipe.InitBuffer(tmpBuf, t.tmp_bytes); */ pipe.InitBuffer(tmpBuf, t.tmp_bytes);",
+    );
+    assert!(r.is_empty(), "{r:?}");
+}
