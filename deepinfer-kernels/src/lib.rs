@@ -2,6 +2,8 @@
 
 pub mod backend;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod cuda_sources;
 pub mod dtype;
 pub mod error;
