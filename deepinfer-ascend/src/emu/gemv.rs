@@ -39,7 +39,8 @@ pub enum GemvInputs<'a> {
 }
 
 /// `y[i, j] = Σ_k x[i, k] · w[j, k]` in f32: products of decoded elements, a tree sum per
-/// 32-element block, the block scaled by its two E8M0 scales, blocks added in k order.
+/// 32-element block, the block scaled by its two E8M0 scales, blocks of a k tile added in
+/// order from zero, and the k tiles' sums added to the accumulator in order.
 pub fn gemv(spec: &ChipSpec, t: &GemvTiling, inp: GemvInputs<'_>) -> Result<Vec<f32>> {
     let (m, n, k) = (t.m as usize, t.n as usize, t.k as usize);
     let fmt = match inp {
@@ -169,7 +170,8 @@ pub fn gemv(spec: &ChipSpec, t: &GemvTiling, inp: GemvInputs<'_>) -> Result<Vec<
                 tmp.fits::<f32>(2 + m, kl)?;
                 for (i, xrow) in xf.iter().enumerate() {
                     for (jj, wrow) in wf.iter().enumerate() {
-                        let mut a = acc[i * nc + jj];
+                        // As the source: a k tile's blocks sum from zero, then join the accumulator.
+                        let mut a = 0f32;
                         for (blk, (xb, wbk)) in
                             xrow.chunks(MX_BLOCK).zip(wrow.chunks(MX_BLOCK)).enumerate()
                         {
@@ -180,7 +182,7 @@ pub fn gemv(spec: &ChipSpec, t: &GemvTiling, inp: GemvInputs<'_>) -> Result<Vec<
                             }
                             a += part;
                         }
-                        acc[i * nc + jj] = a;
+                        acc[i * nc + jj] += a;
                     }
                 }
             }
