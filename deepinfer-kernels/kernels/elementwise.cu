@@ -15,7 +15,8 @@ extern "C" __global__ void affine(const float* a, float* y, u64 n, float s, floa
     if (i < n) y[i] = a[i] * s + c;
 }
 
-// op: 0 silu, 1 sigmoid, 2 softplus, 3 sqrt(softplus), 4 relu, 5 exp, 6 neg.
+// op: 0 silu, 1 sigmoid, 2 softplus, 3 sqrt(softplus), 4 relu, 5 exp, 6 neg,
+// 7 sigmoid(signed sqrt) (Engram gate).
 extern "C" __global__ void unary(const float* a, float* y, u64 n, int op) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -27,6 +28,7 @@ extern "C" __global__ void unary(const float* a, float* y, u64 n, int op) {
         case 3: r = sqrtf(fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v)))); break;
         case 4: r = fmaxf(v, 0.0f); break;
         case 5: r = expf(v); break;
+        case 7: r = sigmoidf_(copysignf(sqrtf(fmaxf(fabsf(v), 1e-6f)), v)); break;
         default: r = -v; break;
     }
     y[i] = r;

@@ -44,6 +44,8 @@ pub enum Unary {
     Exp,
     /// `-x`.
     Neg,
+    /// `sigmoid(sign(x) * sqrt(max(|x|, 1e-6)))` (the V4.1 Engram gate).
+    SignedSqrtSigmoid,
 }
 
 /// How router logits become expert scores.
@@ -180,6 +182,23 @@ pub trait Backend: Send + Sync {
     ) -> Result<Self::Tensor>;
     /// Mean over axis 1 of a `[S, N, D]` tensor → `[S, D]`.
     fn mean_axis1(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
+    /// Sum along the last axis → shape without it (fixed order: [`crate::cpu::gemm::LANES`]
+    /// interleaved partial sums, then a fixed tree). The default downloads and sums on the host.
+    fn sum_last(&self, x: &Self::Tensor) -> Result<Self::Tensor> {
+        let shape = x.shape().to_vec();
+        let d = shape.last().copied().unwrap_or(1);
+        let v = self.download_f32(x)?;
+        let ones = vec![1.0f32; d];
+        let out: Vec<f32> = if d == 0 {
+            vec![0.0; v.len()]
+        } else {
+            v.chunks(d)
+                .map(|r| crate::cpu::gemm::dot_f32(r, &ones))
+                .collect()
+        };
+        let new_shape = &shape[..shape.len().saturating_sub(1)];
+        self.upload_f32(&out, new_shape)
+    }
     /// Index of the largest value along the last axis (lowest index on ties) → i32 `[rows]`.
     fn argmax(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
 

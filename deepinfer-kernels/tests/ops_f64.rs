@@ -156,7 +156,7 @@ fn norms_and_elementwise() {
     );
 
     let x64 = to64(&x);
-    let funcs: [(Unary, F64Fn); 7] = [
+    let funcs: [(Unary, F64Fn); 8] = [
         (Unary::Silu, |v| v * sigmoid64(v)),
         (Unary::Sigmoid, sigmoid64),
         (Unary::Softplus, softplus64),
@@ -164,6 +164,9 @@ fn norms_and_elementwise() {
         (Unary::Relu, |v| v.max(0.0)),
         (Unary::Exp, f64::exp),
         (Unary::Neg, |v| -v),
+        (Unary::SignedSqrtSigmoid, |v| {
+            sigmoid64(v.abs().max(1e-6).sqrt().copysign(v))
+        }),
     ];
     for (u, f) in funcs {
         let y = b.download_f32(&b.unary(&xt, u).unwrap()).unwrap();
@@ -233,6 +236,21 @@ fn norms_and_elementwise() {
     let want: Vec<f64> = x.iter().map(|&v| v as f64 * 2.0 - 1.0).collect();
     assert_close("affine", &y, &want, 1e-6, 1e-6);
     assert!(b.add(&gt, &xt).is_err(), "a larger b does not broadcast");
+}
+
+#[test]
+fn sum_last_matches_f64_and_default_impl() {
+    let mut rng = Rng::new(4);
+    let b = CpuBackend::new();
+    let x = rng.vec(5 * 37, 2.0);
+    let t = b.upload_f32(&x, &[5, 37]).unwrap();
+    let y = b.sum_last(&t).unwrap();
+    assert_eq!(y.shape(), &[5]);
+    let want: Vec<f64> = x
+        .chunks(37)
+        .map(|r| r.iter().map(|&v| v as f64).sum())
+        .collect();
+    assert_close("sum_last", &b.download_f32(&y).unwrap(), &want, 1e-5, 1e-5);
 }
 
 #[test]

@@ -445,6 +445,10 @@ impl Backend for CpuBackend {
                 Unary::Relu => x.max(0.0),
                 Unary::Exp => x.exp(),
                 Unary::Neg => -x,
+                Unary::SignedSqrtSigmoid => {
+                    let t = (x.abs().max(1e-6) as f64).sqrt().copysign(x as f64);
+                    (1.0 / (1.0 + (-t).exp())) as f32
+                }
             }
         };
         Ok(f32t(v.iter().map(|&x| g(x)).collect(), &a.shape))
