@@ -55,7 +55,8 @@ pub fn e2m1_encode(v: f32) -> u8 {
         + u8::from(a > 2.5)
         + u8::from(a >= 3.5)
         + u8::from(a > 5.0);
-    if code == 0 { sign } else { sign | code }
+    // -0 encodes as +0 (code 0), like the reference's sign(v) * 0.
+    (sign & 0u8.wrapping_sub(u8::from(code != 0))) | code
 }
 
 /// Decodes a 4-bit code (only the low nibble is read).

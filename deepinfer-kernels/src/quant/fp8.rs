@@ -56,18 +56,18 @@ pub fn e4m3_encode(v: f32) -> u8 {
     let bits = v.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
     let x = bits & 0x7fff_ffff;
+    // |v| < 2^-6: e4m3 subnormals, steps of 2^-9, rounded by the 2^23 magic-number trick
+    // (8 rounds up into the first normal). Otherwise round the f32 mantissa to 3 bits (ties
+    // to even) and rebias the exponent 127 → 7. Both computed, one selected: no branch.
+    let sub = ((f32::from_bits(x.min(0x3c80_0000)) * 512.0 + 8_388_608.0) - 8_388_608.0) as u32;
+    let xn = x.max(0x3c80_0000);
+    let norm = (((xn + 0x7_ffff + ((xn >> 20) & 1)) >> 20) - (120 << 3)).min(0x7e);
+    let code = if x < 0x3c80_0000 { sub } else { norm };
     if x > 0x7f80_0000 {
-        return 0x7f;
-    }
-    let code = if x < 0x3c80_0000 {
-        // |v| < 2^-6: e4m3 subnormals, steps of 2^-9 (8 rounds up into the first normal).
-        (f32::from_bits(x) * 512.0).round_ties_even() as u32
+        0x7f
     } else {
-        // Round the f32 mantissa to 3 bits (ties to even), then rebias the exponent 127 → 7.
-        let r = (x + 0x7_ffff + ((x >> 20) & 1)) >> 20;
-        (r - (120 << 3)).min(0x7e)
-    };
-    sign | code as u8
+        sign | code as u8
+    }
 }
 
 /// Decodes an e4m3fn byte.

@@ -347,9 +347,11 @@ fn quantize_fp8(
         let xs = &x[r * cols..(r + 1) * cols];
         let ds = &mut data[r * cols..(r + 1) * cols];
         for (bj, (xb, db)) in xs.chunks(bc).zip(ds.chunks_mut(bc)).enumerate() {
-            let s = scales_f[(r / br) * nbc + bj];
+            // Multiplying by the reciprocal (exact for power-of-two scales) keeps the loop
+            // vectorisable; for f32 scales it may differ from `v / s` in the last bit.
+            let inv = 1.0 / scales_f[(r / br) * nbc + bj];
             for (d, &v) in db.iter_mut().zip(xb) {
-                *d = e4m3_encode(v / s);
+                *d = e4m3_encode(v * inv);
             }
         }
     }
@@ -402,8 +404,9 @@ fn quantize_fp4(x: &[f32], rows: usize, cols: usize, format: QuantFormat) -> Qua
             };
             scale_bytes[r * nbc + bj] = byte;
             let out = &mut data[(r * cols + bj * bc) / 2..(r * cols + (bj + 1) * bc) / 2];
+            let inv = 1.0 / s;
             for (d, pair) in out.iter_mut().zip(blk.chunks_exact(2)) {
-                *d = e2m1_encode(pair[0] / s) | (e2m1_encode(pair[1] / s) << 4);
+                *d = e2m1_encode(pair[0] * inv) | (e2m1_encode(pair[1] * inv) << 4);
             }
         }
     }
