@@ -1,0 +1,303 @@
+//! Benchmarks: 1M-token prompt encoding (parallel vs one sequential pass),
+//! stream parser throughput, render + encode of the golden-dev requests side
+//! by side with `deepseek-recipe-encoding` 0.2.0, and grammar compile /
+//! mask-fill time for the golden-dev JSON schemas.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::reference::to_reference;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use deepinfer_recipe::grammar::{GrammarBackend, GrammarSpec, GrammarVocab, RegexBackend};
+use deepinfer_recipe::protocol::chat::ChatRequest;
+use deepinfer_recipe::protocol::{ConversionOptions, ParsingOptions, ThinkingStart};
+use deepinfer_recipe::{
+    Conversation, Message, PromptFormat, PromptTokenizer, Renderer, SpecialToken, StreamParser,
+};
+use deepseek_recipe_encoding::dsv4::DeepseekV4Encoding;
+use deepseek_recipe_encoding::dsv41::DeepseekV41Encoding;
+use deepseek_recipe_encoding::{PromptEncoding, PromptTokenizer as RefTokenizer};
+
+/// Deterministic prose with paragraphs, code and CJK, about `tokens` tokens.
+fn corpus(tokenizer: &PromptTokenizer, tokens: usize) -> String {
+    let words = [
+        "the",
+        "model",
+        "reads",
+        "every",
+        "token",
+        "of",
+        "its",
+        "prompt",
+        "before",
+        "answering",
+        "photosynthesis",
+        "converts",
+        "light",
+        "into",
+        "chemical",
+        "energy",
+        "你好",
+        "世界",
+        "fn",
+        "main()",
+        "{",
+        "}",
+        "let",
+        "x",
+        "=",
+        "42;",
+        "println!(\"{x}\");",
+        "über",
+        "naïve",
+    ];
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut paragraph = String::new();
+    for line in 0..400 {
+        for _ in 0..(8 + line % 9) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            paragraph.push_str(words[(state % words.len() as u64) as usize]);
+            paragraph.push(' ');
+        }
+        paragraph.push_str(if line % 5 == 4 { ".\n\n" } else { ".\n" });
+    }
+    let per_paragraph = tokenizer.encode_plain(&paragraph).unwrap().len();
+    paragraph.repeat(tokens.div_ceil(per_paragraph))
+}
+
+fn tokenizer_with_system() -> Arc<PromptTokenizer> {
+    Arc::new(
+        PromptTokenizer::deepseek_v4()
+            .unwrap()
+            .with_special_id(SpecialToken::System.deepseek_spelling(), 129_280),
+    )
+}
+
+fn encode_million(c: &mut Criterion) {
+    let tokenizer = tokenizer_with_system();
+    let text = corpus(&tokenizer, 1_000_000);
+    let rendered =
+        Renderer::new(PromptFormat::V4).render(&Conversation::new(vec![Message::user(text)]));
+    let tokens = tokenizer.encode_sequential(&rendered).unwrap().len();
+    assert_eq!(tokenizer.encode(&rendered).unwrap().len(), tokens);
+    let mut group = c.benchmark_group("encode_1m_tokens");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(3));
+    group.throughput(Throughput::Elements(tokens as u64));
+    group.bench_function("parallel", |b| {
+        b.iter(|| tokenizer.encode(black_box(&rendered)).unwrap())
+    });
+    group.bench_function("sequential", |b| {
+        b.iter(|| tokenizer.encode_sequential(black_box(&rendered)).unwrap())
+    });
+    group.finish();
+}
+
+fn stream_parser(c: &mut Criterion) {
+    let tokenizer = tokenizer_with_system();
+    let think_end = tokenizer.special_id("</think>").unwrap();
+    let mut ids = tokenizer.encode_plain(&corpus(&tokenizer, 50_000)).unwrap();
+    ids.push(think_end);
+    ids.extend(tokenizer.encode_plain(&corpus(&tokenizer, 50_000)).unwrap());
+    let options = ParsingOptions {
+        parse_tool_calls: true,
+        starts_in_tool_calls: false,
+        parse_json_output: false,
+        thinking: Some(ThinkingStart::ReasoningStart),
+        stop_sequences: vec!["<|stop|>".into()],
+    };
+    let mut group = c.benchmark_group("stream_parser");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(2));
+    group.throughput(Throughput::Elements(ids.len() as u64));
+    for chunk in [1usize, 16] {
+        group.bench_function(format!("tokens_per_push_{chunk}"), |b| {
+            b.iter(|| {
+                let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
+                let mut events = 0;
+                for piece in ids.chunks(chunk) {
+                    events += parser.push_tokens(piece).len();
+                }
+                events + parser.finish(None).len()
+            })
+        });
+    }
+    group.finish();
+}
+
+fn golden_render_encode(c: &mut Criterion) {
+    let tokenizer = tokenizer_with_system();
+    let conversations: Vec<(PromptFormat, Conversation)> = common::golden_requests()
+        .iter()
+        .filter(|case| case["error"].is_null())
+        .map(|case| {
+            let converted = ChatRequest::from_json(&case["request"].to_string())
+                .and_then(|r| r.convert(&ConversionOptions::default()))
+                .unwrap();
+            (converted.format, converted.conversation)
+        })
+        .collect();
+    let references: Vec<_> = conversations
+        .iter()
+        .map(|(f, c)| (*f, to_reference(c)))
+        .collect();
+    let mut reference_tokenizer =
+        tokenizers_ref::Tokenizer::from_bytes(tokenizer_json()).expect("reference tokenizer loads");
+    reference_tokenizer
+        .add_special_tokens(vec![tokenizers_ref::AddedToken::from(
+            SpecialToken::System.deepseek_spelling(),
+            true,
+        )])
+        .expect("the system token is added");
+    let reference_v4 =
+        DeepseekV4Encoding::new().with_tokenizer(RefTokenizer::new(&reference_tokenizer));
+    let reference_v41 =
+        DeepseekV41Encoding::new().with_tokenizer(RefTokenizer::new(&reference_tokenizer));
+    // Same ids on both sides (the reference gives <｜System｜> the next id).
+    assert_eq!(
+        reference_tokenizer.token_to_id(SpecialToken::System.deepseek_spelling()),
+        Some(129_280)
+    );
+    for ((format, ours), (_, theirs)) in conversations.iter().zip(&references) {
+        let our_ids = tokenizer
+            .encode(&Renderer::new(*format).render(ours))
+            .unwrap();
+        let their_ids = match format {
+            PromptFormat::V4 => reference_v4.encode(theirs).unwrap(),
+            PromptFormat::V41 => reference_v41.encode(theirs).unwrap(),
+        };
+        assert_eq!(our_ids, their_ids);
+    }
+    let mut group = c.benchmark_group("golden_dev_render_encode");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(2));
+    group.throughput(Throughput::Elements(conversations.len() as u64));
+    group.bench_function("deepinfer_recipe", |b| {
+        b.iter(|| {
+            let mut total = 0;
+            for (format, conversation) in &conversations {
+                let rendered = Renderer::new(*format).render(conversation);
+                total += tokenizer.encode(&rendered).unwrap().len();
+            }
+            total
+        })
+    });
+    group.bench_function("deepseek_recipe_0_2_0", |b| {
+        b.iter(|| {
+            let mut total = 0;
+            for (format, conversation) in &references {
+                total += match format {
+                    PromptFormat::V4 => reference_v4.encode(conversation).unwrap().len(),
+                    PromptFormat::V41 => reference_v41.encode(conversation).unwrap().len(),
+                };
+            }
+            total
+        })
+    });
+    group.finish();
+}
+
+fn tokenizer_json() -> Vec<u8> {
+    use std::io::Read;
+    let mut json = Vec::new();
+    flate2::read::GzDecoder::new(&include_bytes!("../data/deepseek-v4-tokenizer.json.gz")[..])
+        .read_to_end(&mut json)
+        .unwrap();
+    json
+}
+
+fn grammar(c: &mut Criterion) {
+    let tokenizer = tokenizer_with_system();
+    let eos = tokenizer
+        .special_id(SpecialToken::Eos.deepseek_spelling())
+        .unwrap();
+    let dsml = tokenizer
+        .special_id(SpecialToken::Dsml.deepseek_spelling())
+        .unwrap();
+    let vocab = Arc::new(GrammarVocab::from_tokenizer(
+        &tokenizer,
+        &[eos],
+        &[(dsml, 0)],
+    ));
+    let schemas: Vec<serde_json::Value> = common::golden_requests()
+        .iter()
+        .flat_map(|case| {
+            let request = &case["request"];
+            let mut found = Vec::new();
+            if let Some(schema) = request.pointer("/response_format/json_schema/schema") {
+                found.push(schema.clone());
+            }
+            for tool in request["tools"].as_array().into_iter().flatten() {
+                if let Some(parameters) = tool.pointer("/function/parameters") {
+                    found.push(parameters.clone());
+                }
+            }
+            found
+        })
+        .collect();
+    let backend = RegexBackend::default();
+    let mut group = c.benchmark_group("grammar");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(2));
+    group.bench_function("compile_golden_schemas", |b| {
+        b.iter(|| {
+            schemas
+                .iter()
+                .filter(|schema| {
+                    backend
+                        .compile(&GrammarSpec::JsonSchema((*schema).clone()), &vocab)
+                        .is_ok()
+                })
+                .count()
+        })
+    });
+    // Mask fill per token along a valid document, first visit of each state
+    // (uncached) and steady state (cached).
+    let schema = serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]});
+    let document = tokenizer
+        .encode_plain(r#"{"city": "Paris, the capital of France", "days": 14}"#)
+        .unwrap();
+    group.throughput(Throughput::Elements(document.len() as u64));
+    group.bench_function("mask_fill_per_document_uncached", |b| {
+        b.iter(|| {
+            let grammar = backend
+                .compile(&GrammarSpec::JsonSchema(schema.clone()), &vocab)
+                .unwrap();
+            let mut matcher = grammar.matcher();
+            let mut mask = vec![0u32; vocab.mask_words()];
+            for &id in &document {
+                matcher.fill_bitmask(&mut mask).unwrap();
+                matcher.accept(id).unwrap();
+            }
+        })
+    });
+    let grammar = backend
+        .compile(&GrammarSpec::JsonSchema(schema), &vocab)
+        .unwrap();
+    group.bench_function("mask_fill_per_document_cached", |b| {
+        b.iter(|| {
+            let mut matcher = grammar.matcher();
+            let mut mask = vec![0u32; vocab.mask_words()];
+            for &id in &document {
+                matcher.fill_bitmask(&mut mask).unwrap();
+                matcher.accept(id).unwrap();
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    encode_million,
+    stream_parser,
+    golden_render_encode,
+    grammar
+);
+criterion_main!(benches);

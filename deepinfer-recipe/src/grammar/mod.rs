@@ -1,0 +1,244 @@
+//! Structured outputs: a grammar backend trait, token-bitmask matchers, and a
+//! compile cache with a time limit.
+//!
+//! The backend shipped here ([`RegexBackend`]) is pure Rust: every constraint
+//! becomes a byte-level regular expression, compiled to a dense DFA
+//! (`regex-automata`), and the matcher walks a trie of the vocabulary's token
+//! bytes from the current DFA state to fill the mask (cached per DFA state).
+//! `xgrammar-rs` was not adopted: it builds a large C++ library, far beyond
+//! this workspace's CI budget.
+//!
+//! Supported: regular expressions; `json_object` (any JSON object, nesting
+//! bounded by [`JSON_DEPTH`]); a JSON-schema subset (`type` string / number /
+//! integer / boolean / null / array / object and type lists, `enum`, `const`,
+//! `properties` in declared order with `required`, `items`, `minItems` /
+//! `maxItems`, `minLength` / `maxLength`, `anyOf` / `oneOf`, local `$ref`
+//! without recursion); DSML tool-call blocks whose parameters follow each
+//! tool's schema (strict tools). Not supported (a clear error): recursive
+//! schemas, `allOf` with more than one entry, `patternProperties`,
+//! numeric ranges (accepted, not enforced), EBNF.
+
+mod dfa;
+mod schema;
+mod trigger;
+mod vocab;
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use dfa::{CompiledRegex, RegexGrammar, RegexMatcher};
+pub use schema::{JSON_DEPTH, dsml_tool_calls_regex, json_value_regex, schema_regex};
+pub use trigger::Triggered;
+pub use vocab::GrammarVocab;
+
+use crate::conversation::ToolDefinition;
+use crate::render::PromptFormat;
+
+/// Errors of grammar compilation and matching.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrammarError {
+    /// The schema uses something this backend does not support.
+    #[error("unsupported schema: {0}")]
+    Unsupported(String),
+    /// The constraint did not compile (bad regex, automaton too large).
+    #[error("grammar does not compile: {0}")]
+    Compile(String),
+    /// Compilation exceeded the time limit.
+    #[error("grammar compilation exceeded its time limit of {0:?}")]
+    Timeout(Duration),
+    /// No token of the vocabulary can start an output the grammar accepts.
+    #[error("no token can satisfy the grammar")]
+    Unsatisfiable,
+    /// A token was offered that the grammar rejects.
+    #[error("token {0} is not allowed here")]
+    Rejected(u32),
+    /// Rollback beyond the accepted tokens.
+    #[error("cannot roll back {0} tokens")]
+    Rollback(usize),
+}
+
+/// What to constrain the output to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrammarSpec {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON following a schema.
+    JsonSchema(serde_json::Value),
+    /// Text matching a regular expression.
+    Regex(String),
+    /// A DSML tool-call block (the text after the block's opening marker)
+    /// calling these tools; with `strict`, parameters follow their schemas.
+    ToolCalls {
+        /// Prompt format (V4 and V4.1 spell the block differently).
+        format: PromptFormat,
+        /// Tools that may be called.
+        tools: Vec<ToolDefinition>,
+        /// Whether the grammar starts inside the block (tool choice required).
+        inside_block: bool,
+    },
+}
+
+impl GrammarSpec {
+    /// The cache key: a hash of the spec's canonical text.
+    pub fn key(&self) -> u64 {
+        let text = match self {
+            Self::JsonObject => "json_object".to_owned(),
+            Self::JsonSchema(schema) => format!("schema:{schema}"),
+            Self::Regex(regex) => format!("regex:{regex}"),
+            Self::ToolCalls {
+                format,
+                tools,
+                inside_block,
+            } => format!(
+                "tools:{format:?}:{inside_block}:{}",
+                serde_json::to_string(tools).unwrap_or_default()
+            ),
+        };
+        xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+    }
+}
+
+/// A token-level matcher: fills the sampler's bitmask, accepts tokens, rolls
+/// back rejected draft tokens.
+pub trait Matcher: Send {
+    /// Set bit `id % 32` of word `id / 32` for every allowed token (the mask
+    /// is cleared first). Errors with [`GrammarError::Unsatisfiable`] when no
+    /// token is allowed and the output is not complete.
+    fn fill_bitmask(&mut self, mask: &mut [u32]) -> Result<(), GrammarError>;
+    /// Advance by one token.
+    fn accept(&mut self, token: u32) -> Result<(), GrammarError>;
+    /// Undo the last `count` accepted tokens.
+    fn rollback(&mut self, count: usize) -> Result<(), GrammarError>;
+    /// Whether the output so far is complete (end of sequence is allowed).
+    fn is_complete(&self) -> bool;
+}
+
+/// A compiled constraint that can start matchers.
+pub trait CompiledGrammar: Send + Sync {
+    /// A matcher at the start of the output.
+    fn matcher(&self) -> Box<dyn Matcher>;
+}
+
+/// A grammar backend.
+pub trait GrammarBackend: Send + Sync {
+    /// Compile `spec` for `vocab`. May be slow; call it off the hot path
+    /// (see [`GrammarCache`]).
+    fn compile(
+        &self,
+        spec: &GrammarSpec,
+        vocab: &Arc<GrammarVocab>,
+    ) -> Result<Arc<dyn CompiledGrammar>, GrammarError>;
+}
+
+/// The pure-Rust regex/DFA backend.
+#[derive(Debug, Clone)]
+pub struct RegexBackend {
+    /// Largest DFA, in bytes.
+    pub dfa_size_limit: usize,
+}
+
+impl Default for RegexBackend {
+    fn default() -> Self {
+        Self {
+            dfa_size_limit: 256 << 20,
+        }
+    }
+}
+
+impl GrammarBackend for RegexBackend {
+    fn compile(
+        &self,
+        spec: &GrammarSpec,
+        vocab: &Arc<GrammarVocab>,
+    ) -> Result<Arc<dyn CompiledGrammar>, GrammarError> {
+        let pattern = match spec {
+            GrammarSpec::JsonObject => schema::json_object_regex(JSON_DEPTH),
+            GrammarSpec::JsonSchema(schema) => schema_regex(schema)?,
+            GrammarSpec::Regex(regex) => regex.clone(),
+            GrammarSpec::ToolCalls {
+                format,
+                tools,
+                inside_block,
+            } => dsml_tool_calls_regex(*format, tools, *inside_block)?,
+        };
+        let compiled = CompiledRegex::new(&pattern, Arc::clone(vocab), self.dfa_size_limit)?;
+        Ok(Arc::new(RegexGrammar(Arc::new(compiled))))
+    }
+}
+
+type Slot = Result<Arc<dyn CompiledGrammar>, GrammarError>;
+
+/// Compiled grammars by spec hash, each compile bounded by a time limit.
+pub struct GrammarCache {
+    backend: Arc<dyn GrammarBackend>,
+    vocab: Arc<GrammarVocab>,
+    limit: Duration,
+    entries: Mutex<HashMap<u64, Slot>>,
+}
+
+impl std::fmt::Debug for GrammarCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCache")
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrammarCache {
+    /// A cache over `backend` for `vocab`, with a per-compile time limit.
+    pub fn new(
+        backend: Arc<dyn GrammarBackend>,
+        vocab: Arc<GrammarVocab>,
+        limit: Duration,
+    ) -> Self {
+        Self {
+            backend,
+            vocab,
+            limit,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The compiled grammar for `spec`, compiling it on first use. A compile
+    /// that exceeds the limit returns [`GrammarError::Timeout`] (and is not
+    /// cached, so a later call may retry); its thread finishes in the
+    /// background.
+    pub fn get(&self, spec: &GrammarSpec) -> Result<Arc<dyn CompiledGrammar>, GrammarError> {
+        let key = spec.key();
+        if let Some(slot) = self.entries.lock().map_err(poisoned)?.get(&key) {
+            return slot.clone();
+        }
+        let (sender, receiver) = mpsc::channel();
+        let backend = Arc::clone(&self.backend);
+        let vocab = Arc::clone(&self.vocab);
+        let owned = spec.clone();
+        std::thread::spawn(move || {
+            let _ = sender.send(backend.compile(&owned, &vocab));
+        });
+        let result = match receiver.recv_timeout(self.limit) {
+            Ok(result) => result,
+            Err(_) => return Err(GrammarError::Timeout(self.limit)),
+        };
+        self.entries
+            .lock()
+            .map_err(poisoned)?
+            .insert(key, result.clone());
+        result
+    }
+
+    /// Number of cached entries (successes and compile errors).
+    pub fn len(&self) -> usize {
+        self.entries.lock().map(|e| e.len()).unwrap_or(0)
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn poisoned<T>(_: std::sync::PoisonError<T>) -> GrammarError {
+    GrammarError::Compile("grammar cache lock poisoned".into())
+}

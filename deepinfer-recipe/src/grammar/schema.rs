@@ -1,0 +1,377 @@
+//! JSON schemas (a subset), JSON values and DSML tool-call blocks as regular
+//! expressions over output bytes.
+
+use serde_json::Value;
+
+use super::GrammarError;
+use super::vocab::SPECIAL_BYTE;
+use crate::conversation::ToolDefinition;
+use crate::render::PromptFormat;
+
+/// Nesting depth allowed for free-form JSON (`json_object`, untyped schemas).
+pub const JSON_DEPTH: usize = 3;
+
+/// Most optional properties per object (the regex grows as 2^n).
+const MAX_OPTIONAL: usize = 8;
+
+const WS: &str = r"[ \t\n\r]*";
+const STRING: &str = r#""(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*""#;
+const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))"#;
+const INTEGER: &str = r"-?(?:0|[1-9][0-9]*)";
+const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
+
+/// Any JSON value nested at most `depth` deep.
+pub fn json_value_regex(depth: usize) -> String {
+    let scalar = format!("{STRING}|{NUMBER}|true|false|null");
+    if depth == 0 {
+        return format!("(?:{scalar})");
+    }
+    let inner = json_value_regex(depth - 1);
+    let object = format!(
+        r"\{{{WS}(?:{STRING}{WS}:{WS}{inner}(?:{WS},{WS}{STRING}{WS}:{WS}{inner})*)?{WS}\}}"
+    );
+    let array = format!(r"\[{WS}(?:{inner}(?:{WS},{WS}{inner})*)?{WS}\]");
+    format!("(?:{scalar}|{object}|{array})")
+}
+
+/// Any JSON object nested at most `depth` deep.
+pub fn json_object_regex(depth: usize) -> String {
+    let inner = json_value_regex(depth.saturating_sub(1));
+    format!(
+        r"{WS}\{{{WS}(?:{STRING}{WS}:{WS}{inner}(?:{WS},{WS}{STRING}{WS}:{WS}{inner})*)?{WS}\}}{WS}"
+    )
+}
+
+/// A regex for JSON documents following `schema`.
+pub fn schema_regex(schema: &Value) -> Result<String, GrammarError> {
+    let mut builder = Builder {
+        root: schema,
+        depth: 0,
+    };
+    Ok(format!("{WS}{}{WS}", builder.value(schema)?))
+}
+
+fn escape_literal(value: &Value) -> String {
+    let text = value.to_string();
+    let mut out = String::with_capacity(text.len() * 2);
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+struct Builder<'a> {
+    root: &'a Value,
+    depth: usize,
+}
+
+impl<'a> Builder<'a> {
+    fn value(&mut self, schema: &'a Value) -> Result<String, GrammarError> {
+        self.depth += 1;
+        if self.depth > 32 {
+            return Err(GrammarError::Unsupported(
+                "schema nests deeper than 32 levels (recursive $ref?)".into(),
+            ));
+        }
+        let result = self.value_inner(schema);
+        self.depth -= 1;
+        result
+    }
+
+    fn value_inner(&mut self, schema: &'a Value) -> Result<String, GrammarError> {
+        let Some(object) = schema.as_object() else {
+            return match schema {
+                Value::Bool(true) => Ok(json_value_regex(JSON_DEPTH)),
+                _ => Err(GrammarError::Unsupported(format!("schema {schema}"))),
+            };
+        };
+        if let Some(reference) = object.get("$ref").and_then(Value::as_str) {
+            let target = reference
+                .strip_prefix('#')
+                .and_then(|pointer| self.root.pointer(pointer))
+                .ok_or_else(|| GrammarError::Unsupported(format!("$ref {reference}")))?;
+            return self.value(target);
+        }
+        if let Some(value) = object.get("const") {
+            return Ok(escape_literal(value));
+        }
+        if let Some(values) = object.get("enum").and_then(Value::as_array) {
+            if values.is_empty() {
+                return Err(GrammarError::Unsatisfiable);
+            }
+            let alternatives: Vec<String> = values.iter().map(escape_literal).collect();
+            return Ok(format!("(?:{})", alternatives.join("|")));
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(options) = object.get(key).and_then(Value::as_array) {
+                let alternatives = options
+                    .iter()
+                    .map(|option| self.value(option))
+                    .collect::<Result<Vec<_>, _>>()?;
+                return Ok(format!("(?:{})", alternatives.join("|")));
+            }
+        }
+        if let Some(all) = object.get("allOf").and_then(Value::as_array) {
+            return match all.as_slice() {
+                [only] => self.value(only),
+                _ => Err(GrammarError::Unsupported(
+                    "allOf with several schemas".into(),
+                )),
+            };
+        }
+        if object.contains_key("patternProperties") {
+            return Err(GrammarError::Unsupported("patternProperties".into()));
+        }
+        match object.get("type") {
+            Some(Value::String(kind)) => self.typed(kind, object),
+            Some(Value::Array(kinds)) => {
+                let alternatives = kinds
+                    .iter()
+                    .map(|kind| {
+                        kind.as_str()
+                            .ok_or_else(|| GrammarError::Unsupported(format!("type {kind}")))
+                            .and_then(|kind| self.typed(kind, object))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(format!("(?:{})", alternatives.join("|")))
+            }
+            None if object.contains_key("properties") => self.typed("object", object),
+            None => Ok(json_value_regex(JSON_DEPTH)),
+            Some(other) => Err(GrammarError::Unsupported(format!("type {other}"))),
+        }
+    }
+
+    fn typed(
+        &mut self,
+        kind: &str,
+        object: &'a serde_json::Map<String, Value>,
+    ) -> Result<String, GrammarError> {
+        let count = |key: &str| object.get(key).and_then(Value::as_u64);
+        match kind {
+            "string" => {
+                let (min, max) = (count("minLength"), count("maxLength"));
+                Ok(match (min, max) {
+                    (None, None) => STRING.to_owned(),
+                    (min, max) => {
+                        let min = min.unwrap_or(0);
+                        let max = max.map(|m| m.to_string()).unwrap_or_default();
+                        format!("\"{STRING_CHAR}{{{min},{max}}}\"")
+                    }
+                })
+            }
+            "integer" => Ok(INTEGER.to_owned()),
+            "number" => Ok(NUMBER.to_owned()),
+            "boolean" => Ok("(?:true|false)".to_owned()),
+            "null" => Ok("null".to_owned()),
+            "array" => {
+                let item = match object.get("items") {
+                    Some(items) => self.value(items)?,
+                    None => json_value_regex(JSON_DEPTH - 1),
+                };
+                let min = count("minItems").unwrap_or(0);
+                let max = count("maxItems");
+                let body = match (min, max) {
+                    (_, Some(0)) => String::new(),
+                    (0, None) => format!("(?:{item}(?:{WS},{WS}{item})*)?"),
+                    (0, Some(max)) => format!("(?:{item}(?:{WS},{WS}{item}){{0,{}}})?", max - 1),
+                    (min, max) => {
+                        let max = max.map(|m| (m - 1).to_string()).unwrap_or_default();
+                        format!("{item}(?:{WS},{WS}{item}){{{},{max}}}", min - 1)
+                    }
+                };
+                Ok(format!(r"\[{WS}{body}{WS}\]"))
+            }
+            "object" => {
+                let Some(properties) = object.get("properties").and_then(Value::as_object) else {
+                    return Ok(json_object_regex(JSON_DEPTH - 1));
+                };
+                let required: Vec<&str> = object
+                    .get("required")
+                    .and_then(Value::as_array)
+                    .map(|r| r.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let optional = properties
+                    .keys()
+                    .filter(|k| !required.contains(&k.as_str()))
+                    .count();
+                if optional > MAX_OPTIONAL {
+                    return Err(GrammarError::Unsupported(format!(
+                        "{optional} optional properties (at most {MAX_OPTIONAL})"
+                    )));
+                }
+                let mut members = Vec::new();
+                for (name, schema) in properties {
+                    let key = escape_literal(&Value::String(name.clone()));
+                    let value = self.value(schema)?;
+                    members.push((
+                        format!("{key}{WS}:{WS}{value}"),
+                        required.contains(&name.as_str()),
+                    ));
+                }
+                Ok(format!(r"\{{{WS}{}{WS}\}}", members_regex(&members, false)))
+            }
+            other => Err(GrammarError::Unsupported(format!("type {other:?}"))),
+        }
+    }
+}
+
+/// Members in order; optional ones may be left out, commas only between
+/// members that are present.
+fn members_regex(members: &[(String, bool)], need_comma: bool) -> String {
+    let Some(((member, required), rest)) = members.split_first() else {
+        return String::new();
+    };
+    let comma = if need_comma {
+        format!("{WS},{WS}")
+    } else {
+        String::new()
+    };
+    let present = format!("{comma}{member}{}", members_regex(rest, true));
+    if *required {
+        present
+    } else {
+        format!("(?:{present}|{})", members_regex(rest, need_comma))
+    }
+}
+
+/// The DSML block after its opening marker token (or, `inside_block`, after
+/// the whole opening tag, as when the prompt already opened it). The DSML
+/// token is symbol 0: build the [`super::GrammarVocab`] with `(dsml_id, 0)`.
+pub fn dsml_tool_calls_regex(
+    format: PromptFormat,
+    tools: &[ToolDefinition],
+    inside_block: bool,
+) -> Result<String, GrammarError> {
+    if tools.is_empty() {
+        return Err(GrammarError::Unsatisfiable);
+    }
+    let dsml = format!("(?-u:\\x{SPECIAL_BYTE:02X}\\x00)");
+    let (block, invoke, parameter, joiner) = match format {
+        PromptFormat::V41 => (" calls", " invoke", " parameter", "\n"),
+        PromptFormat::V4 => ("tool_calls", "invoke", "parameter", ""),
+    };
+    // Free text inside a string parameter: anything but the closing tag.
+    let text = format!(
+        "(?s:[^<]|<[^/]|</(?-u:[\\x00-\\x{:02X}]))*",
+        SPECIAL_BYTE - 1
+    );
+    let mut calls = Vec::new();
+    for tool in tools {
+        let name = escape_literal(&Value::String(tool.name.clone()));
+        let name = &name[1..name.len() - 1];
+        let strict = tool.strict == Some(true);
+        let properties = tool.parameters.get("properties").and_then(Value::as_object);
+        let parameter_regex = |key: &str, string: Option<bool>, value: &str| {
+            let flag = match string {
+                Some(true) => "true",
+                Some(false) => "false",
+                None => "(?:true|false)",
+            };
+            format!(
+                "<{dsml}{parameter} name=\"{key}\" string=\"{flag}\">{value}</{dsml}{parameter}>"
+            )
+        };
+        let param = match (strict, properties) {
+            (true, Some(properties)) => {
+                let mut alternatives = Vec::new();
+                for (key, schema) in properties {
+                    let key = escape_literal(&Value::String(key.clone()));
+                    let key = &key[1..key.len() - 1];
+                    let is_string = schema.get("type").and_then(Value::as_str) == Some("string");
+                    let value = if is_string {
+                        text.clone()
+                    } else {
+                        Builder {
+                            root: schema,
+                            depth: 0,
+                        }
+                        .value(schema)?
+                    };
+                    alternatives.push(parameter_regex(key, Some(is_string), &value));
+                }
+                if alternatives.is_empty() {
+                    None
+                } else {
+                    Some(format!("(?:{})", alternatives.join("|")))
+                }
+            }
+            _ => Some(parameter_regex(r#"[^"<]+"#, None, &text)),
+        };
+        let separator = if joiner.is_empty() { "\n" } else { joiner };
+        let params = match param {
+            None => String::new(),
+            Some(param) if format == PromptFormat::V4 => format!("(?:{param}\n)*"),
+            Some(param) => format!("(?:{param}(?:{separator}{param})*)?"),
+        };
+        let body = match format {
+            PromptFormat::V4 => {
+                format!("<{dsml}{invoke} name=\"{name}\">\n{params}</{dsml}{invoke}>\n")
+            }
+            PromptFormat::V41 => {
+                format!("<{dsml}{invoke} name=\"{name}\">\n{params}\n</{dsml}{invoke}>")
+            }
+        };
+        calls.push(body);
+    }
+    let call = format!("(?:{})", calls.join("|"));
+    let list = match format {
+        PromptFormat::V4 => format!("{call}+</{dsml}{block}>"),
+        PromptFormat::V41 => format!("{call}(?:\n{call})*\n</{dsml}{block}>"),
+    };
+    Ok(if inside_block {
+        list
+    } else {
+        format!("{block}>\n{list}")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use regex_automata::meta::Regex;
+
+    fn full(pattern: &str) -> Regex {
+        Regex::new(&format!("^(?:{pattern})$")).unwrap()
+    }
+
+    #[test]
+    fn schema_subset_accepts_and_rejects() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 5},
+                "n": {"type": "integer"},
+                "tags": {"type": "array", "items": {"enum": ["a", "b"]}},
+            },
+            "required": ["name"],
+        });
+        let re = full(&schema_regex(&schema).unwrap());
+        assert!(re.is_match(r#"{"name": "Ann", "n": 3, "tags": ["a","b"]}"#));
+        assert!(re.is_match(r#"{"name":"Ann"}"#));
+        assert!(re.is_match(r#"{"name":"Ann","tags":[]}"#));
+        assert!(!re.is_match(r#"{"n": 3}"#));
+        assert!(!re.is_match(r#"{"name": "Annabel"}"#));
+        assert!(!re.is_match(r#"{"name": "A", "tags": ["c"]}"#));
+        assert!(!re.is_match(r#"{"name": "A",}"#));
+    }
+
+    #[test]
+    fn json_object_is_bounded_json() {
+        let re = full(&json_object_regex(3));
+        assert!(re.is_match(r#"{"a": [1, {"b": null}], "c": "x"}"#));
+        assert!(!re.is_match(r#"[1]"#));
+        assert!(!re.is_match(r#"{"a": }"#));
+    }
+
+    #[test]
+    fn recursive_ref_is_rejected_clearly() {
+        let schema = serde_json::json!({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"});
+        assert!(matches!(
+            schema_regex(&schema),
+            Err(GrammarError::Unsupported(_))
+        ));
+    }
+}

@@ -1,0 +1,240 @@
+//! Structured outputs over the real V4 vocabulary: masks, accept, rollback,
+//! triggers, cache and errors.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use deepinfer_recipe::grammar::{
+    GrammarBackend, GrammarCache, GrammarError, GrammarSpec, GrammarVocab, Matcher, RegexBackend,
+    Triggered,
+};
+use deepinfer_recipe::{PromptFormat, SpecialToken, ToolDefinition};
+
+fn vocab() -> Arc<GrammarVocab> {
+    static VOCAB: OnceLock<Arc<GrammarVocab>> = OnceLock::new();
+    VOCAB
+        .get_or_init(|| {
+            let tokenizer = common::tokenizer();
+            let eos = tokenizer
+                .special_id(SpecialToken::Eos.deepseek_spelling())
+                .unwrap();
+            let dsml = tokenizer
+                .special_id(SpecialToken::Dsml.deepseek_spelling())
+                .unwrap();
+            Arc::new(GrammarVocab::from_tokenizer(
+                &tokenizer,
+                &[eos],
+                &[(dsml, 0)],
+            ))
+        })
+        .clone()
+}
+
+fn allowed(mask: &[u32], id: u32) -> bool {
+    mask[id as usize / 32] & (1 << (id % 32)) != 0
+}
+
+/// Greedily drive `matcher` along the plain encoding of `text`.
+fn drive(matcher: &mut dyn Matcher, ids: &[u32]) -> Result<(), GrammarError> {
+    let mut mask = vec![0u32; vocab().mask_words()];
+    for &id in ids {
+        matcher.fill_bitmask(&mut mask)?;
+        assert!(allowed(&mask, id), "token {id} not in mask");
+        matcher.accept(id)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn json_schema_mask_follows_the_schema() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+    });
+    let grammar = RegexBackend::default()
+        .compile(&GrammarSpec::JsonSchema(schema), &vocab())
+        .unwrap();
+    let tokenizer = common::tokenizer();
+    let good = tokenizer
+        .encode_plain(r#"{"city": "Paris", "days": 3}"#)
+        .unwrap();
+    let mut matcher = grammar.matcher();
+    drive(matcher.as_mut(), &good).unwrap();
+    assert!(matcher.is_complete());
+    let eos = tokenizer
+        .special_id(SpecialToken::Eos.deepseek_spelling())
+        .unwrap();
+    let mut mask = vec![0u32; vocab().mask_words()];
+    matcher.fill_bitmask(&mut mask).unwrap();
+    assert!(allowed(&mask, eos));
+    // A wrong key is rejected, and rollback restores the earlier state.
+    matcher.rollback(good.len()).unwrap();
+    let bad = tokenizer.encode_plain(r#"{"town""#).unwrap();
+    let result = bad.iter().try_for_each(|&id| matcher.accept(id));
+    assert!(matches!(result, Err(GrammarError::Rejected(_))));
+    assert!(matches!(
+        matcher.rollback(1000),
+        Err(GrammarError::Rollback(_))
+    ));
+}
+
+#[test]
+fn json_object_and_regex() {
+    let backend = RegexBackend::default();
+    let tokenizer = common::tokenizer();
+    let grammar = backend.compile(&GrammarSpec::JsonObject, &vocab()).unwrap();
+    let mut matcher = grammar.matcher();
+    drive(
+        matcher.as_mut(),
+        &tokenizer
+            .encode_plain(r#"{"a": [1, 2], "b": {"c": null}}"#)
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(matcher.is_complete());
+
+    let grammar = backend
+        .compile(&GrammarSpec::Regex("[0-9]{3}-[a-z]+".into()), &vocab())
+        .unwrap();
+    let mut matcher = grammar.matcher();
+    drive(
+        matcher.as_mut(),
+        &tokenizer.encode_plain("123-abc").unwrap(),
+    )
+    .unwrap();
+    assert!(matcher.is_complete());
+    let mut mask = vec![0u32; vocab().mask_words()];
+    let mut fresh = grammar.matcher();
+    fresh.fill_bitmask(&mut mask).unwrap();
+    let letter = tokenizer.encode_plain("a").unwrap()[0];
+    assert!(!allowed(&mask, letter));
+}
+
+#[test]
+fn tool_call_grammar_engages_only_from_the_marker_after_think_end() {
+    let tokenizer = common::tokenizer();
+    let think_end = tokenizer.special_id("</think>").unwrap();
+    let dsml = tokenizer.special_id("｜DSML｜").unwrap();
+    let tool = ToolDefinition {
+        name: "get_weather".into(),
+        description: None,
+        parameters: serde_json::json!({"type": "object", "properties": {"location": {"type": "string"}, "days": {"type": "integer"}}}),
+        strict: Some(true),
+        defer_loading: false,
+    };
+    let grammar = RegexBackend::default()
+        .compile(
+            &GrammarSpec::ToolCalls {
+                format: PromptFormat::V41,
+                tools: vec![tool],
+                inside_block: false,
+            },
+            &vocab(),
+        )
+        .unwrap();
+    let mut matcher = Triggered::new(
+        grammar.matcher(),
+        Some(think_end),
+        Some(dsml),
+        vocab().size(),
+    );
+    let mut ids = tokenizer
+        .encode_plain("Reasoning with <｜DSML｜ spelled")
+        .unwrap();
+    ids.push(dsml); // before </think>: still free
+    ids.push(think_end);
+    ids.extend(tokenizer.encode_plain("Let me check. <").unwrap());
+    for &id in &ids {
+        matcher.accept(id).unwrap();
+    }
+    assert!(!matcher.is_active());
+    matcher.accept(dsml).unwrap();
+    assert!(matcher.is_active());
+    let mut block = tokenizer.encode_plain(" calls>\n<").unwrap();
+    block.push(dsml);
+    block.extend(
+        tokenizer
+            .encode_plain(" invoke name=\"get_weather\">\n<")
+            .unwrap(),
+    );
+    block.push(dsml);
+    block.extend(
+        tokenizer
+            .encode_plain(" parameter name=\"days\" string=\"false\">3</")
+            .unwrap(),
+    );
+    block.push(dsml);
+    block.extend(tokenizer.encode_plain(" parameter>\n</").unwrap());
+    block.push(dsml);
+    block.extend(tokenizer.encode_plain(" invoke>\n</").unwrap());
+    block.push(dsml);
+    block.extend(tokenizer.encode_plain(" calls>").unwrap());
+    for &id in &block {
+        matcher.accept(id).unwrap();
+    }
+    assert!(matcher.is_complete());
+    // A string value for an integer parameter is rejected.
+    matcher.rollback(block.len()).unwrap();
+    let wrong = tokenizer.encode_plain(" calls>\n<").unwrap();
+    for &id in &wrong {
+        matcher.accept(id).unwrap();
+    }
+    matcher.accept(dsml).unwrap();
+    for &id in &tokenizer.encode_plain(" invoke name=\"").unwrap() {
+        matcher.accept(id).unwrap();
+    }
+    let result = tokenizer
+        .encode_plain("unknown_tool")
+        .unwrap()
+        .iter()
+        .try_for_each(|&id| matcher.accept(id));
+    assert!(result.is_err());
+}
+
+#[test]
+fn errors_are_typed() {
+    let backend = RegexBackend::default();
+    assert!(matches!(
+        backend.compile(&GrammarSpec::Regex("(".into()), &vocab()),
+        Err(GrammarError::Compile(_))
+    ));
+    // Only reserved bytes would satisfy it: no token can.
+    assert!(matches!(
+        backend.compile(&GrammarSpec::Regex("(?-u:\\xFF\\x07)".into()), &vocab()),
+        Err(GrammarError::Unsatisfiable)
+    ));
+    assert!(matches!(
+        backend.compile(
+            &GrammarSpec::JsonSchema(serde_json::json!({"allOf": [{}, {}]})),
+            &vocab()
+        ),
+        Err(GrammarError::Unsupported(_))
+    ));
+    assert!(matches!(
+        backend.compile(
+            &GrammarSpec::JsonSchema(serde_json::json!({"enum": []})),
+            &vocab()
+        ),
+        Err(GrammarError::Unsatisfiable)
+    ));
+}
+
+#[test]
+fn cache_hits_and_time_limit() {
+    let cache = GrammarCache::new(
+        Arc::new(RegexBackend::default()),
+        vocab(),
+        Duration::from_secs(60),
+    );
+    let spec = GrammarSpec::Regex("yes|no".into());
+    let first = cache.get(&spec).unwrap();
+    let second = cache.get(&spec).unwrap();
+    assert!(Arc::ptr_eq(&first, &second));
+    assert_eq!(cache.len(), 1);
+    let strict = GrammarCache::new(Arc::new(RegexBackend::default()), vocab(), Duration::ZERO);
+    let slow = GrammarSpec::Regex("[a-z]{1,5000}".into());
+    assert!(matches!(strict.get(&slow), Err(GrammarError::Timeout(_))));
+}
