@@ -149,6 +149,14 @@ fn dspark_drafts_match_golden() {
                 .map(|&x| x as u32)
                 .collect();
             assert_eq!(d.draft_ids, want, "{p} step {s}: draft ids");
+            for (r, (&t, &pr)) in d.draft_ids.iter().zip(&d.draft_probs).enumerate() {
+                let row = &d.logits[r * v..(r + 1) * v];
+                let z: f64 = row
+                    .iter()
+                    .map(|&x| ((x - row[t as usize]) as f64).exp())
+                    .sum();
+                assert!((pr as f64 - 1.0 / z).abs() < 1e-6 && pr > 0.0 && pr <= 1.0);
+            }
         }
     }
     eprintln!("dspark: logits max|diff| {worst_l:.3e}, confidence {worst_c:.3e}");

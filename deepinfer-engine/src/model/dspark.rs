@@ -19,6 +19,9 @@ pub struct Draft {
     pub logits: Vec<f32>,
     /// `[B]` greedy draft tokens (row i predicts position n + 1 + i).
     pub draft_ids: Vec<u32>,
+    /// `[B]` probability of each draft token under its row's corrected logits (softmax at
+    /// temperature 1), for the sampler's verification.
+    pub draft_probs: Vec<f32>,
     /// `[B]` confidence (sigmoid), an estimate of each draft's acceptance probability.
     pub confidence: Vec<f32>,
     /// `[B]` confidence before the sigmoid.
@@ -177,7 +180,18 @@ impl<B: Backend> Model<B> {
         let mcat = be.concat(&mrefs, 0)?;
         let conf = be.download_f32(&be.matmul(&be.concat(&[&hid, &mcat], 1)?, &dw.confidence)?)?;
         let _ = dm;
+        let draft_probs = drafted
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                let row = &logits[i * v..(i + 1) * v];
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let z: f64 = row.iter().map(|&x| ((x - m) as f64).exp()).sum();
+                (((row[t as usize] - m) as f64).exp() / z) as f32
+            })
+            .collect();
         Ok(Draft {
+            draft_probs,
             base_logits: base_host,
             logits,
             draft_ids: drafted,
