@@ -136,9 +136,10 @@ impl WeightRef<'_> {
     }
 }
 
-/// Weight rows per dot-path task: about 64 KiB of f32 weights, at least one row.
+/// Weight rows per dot-path task: about 512 KiB of f32 weights (few, large tasks keep the
+/// streaming read going), at least one row.
 fn dot_block_rows(k: usize) -> usize {
-    (16384 / k.max(1)).clamp(1, 256)
+    (131_072 / k.max(1)).clamp(1, 1024)
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ`.

@@ -350,9 +350,7 @@ fn quantize_fp8(
             // Multiplying by the reciprocal (exact for power-of-two scales) keeps the loop
             // vectorisable; for f32 scales it may differ from `v / s` in the last bit.
             let inv = 1.0 / scales_f[(r / br) * nbc + bj];
-            for (d, &v) in db.iter_mut().zip(xb) {
-                *d = e4m3_encode(v * inv);
-            }
+            encode_fp8(xb, inv, db);
         }
     }
     let scales = match scale {
@@ -404,10 +402,7 @@ fn quantize_fp4(x: &[f32], rows: usize, cols: usize, format: QuantFormat) -> Qua
             };
             scale_bytes[r * nbc + bj] = byte;
             let out = &mut data[(r * cols + bj * bc) / 2..(r * cols + (bj + 1) * bc) / 2];
-            let inv = 1.0 / s;
-            for (d, pair) in out.iter_mut().zip(blk.chunks_exact(2)) {
-                *d = e2m1_encode(pair[0] * inv) | (e2m1_encode(pair[1] * inv) << 4);
-            }
+            encode_fp4(blk, 1.0 / s, out);
         }
     }
     QuantMatrix {
@@ -418,6 +413,60 @@ fn quantize_fp4(x: &[f32], rows: usize, cols: usize, format: QuantFormat) -> Qua
         scales: Scales::Bytes(scale_bytes),
         tensor_scale,
     }
+}
+
+#[inline(always)]
+fn encode_fp8_body(x: &[f32], inv: f32, out: &mut [u8]) {
+    for (d, &v) in out.iter_mut().zip(x) {
+        *d = e4m3_encode(v * inv);
+    }
+}
+
+#[inline(always)]
+fn encode_fp4_body(x: &[f32], inv: f32, out: &mut [u8]) {
+    for (d, pair) in out.iter_mut().zip(x.chunks_exact(2)) {
+        *d = e2m1_encode(pair[0] * inv) | (e2m1_encode(pair[1] * inv) << 4);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_fp8_avx2(x: &[f32], inv: f32, out: &mut [u8]) {
+    // Same operations as the portable body (integer min/max need SSE4.1+ to vectorise).
+    encode_fp8_body(x, inv, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_fp4_avx2(x: &[f32], inv: f32, out: &mut [u8]) {
+    encode_fp4_body(x, inv, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    use std::sync::OnceLock;
+    static AVX2: OnceLock<bool> = OnceLock::new();
+    *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+}
+
+/// `out[i] = e4m3(x[i] * inv)`.
+fn encode_fp8(x: &[f32], inv: f32, out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 is available (checked at run time).
+        return unsafe { encode_fp8_avx2(x, inv, out) };
+    }
+    encode_fp8_body(x, inv, out)
+}
+
+/// `out[i] = e2m1(x[2i] * inv) | e2m1(x[2i+1] * inv) << 4`.
+fn encode_fp4(x: &[f32], inv: f32, out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 is available (checked at run time).
+        return unsafe { encode_fp4_avx2(x, inv, out) };
+    }
+    encode_fp4_body(x, inv, out)
 }
 
 /// The quantisation round trips the NumPy reference applies in QAT mode, along the last axis.
