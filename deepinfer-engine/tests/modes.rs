@@ -129,3 +129,55 @@ fn bad_replay_is_an_error() {
     m.rebuild_window(&mut st, &[2, 3]).unwrap();
     assert_eq!(st.pos, 3);
 }
+
+/// Decoder-side bounded replay: exact while chunks fit the window; on longer chunks the
+/// tail's logits move, and the shift is measured. Decode after it keeps working.
+#[test]
+fn decoder_bounded_replay_is_measured() {
+    let g = golden("v41-tiny-dev");
+    let mut m = load("v41-tiny-dev");
+    m.set_decoder_bounded_replay(true).unwrap();
+    let v = m.cfg.vocab_size;
+    let w = m.cfg.sliding_window;
+    // chunks no longer than the window: exact
+    let ids = g["p2.input_ids"].ids();
+    let d = max_diff(&chunked(&m, &ids, w), &g["p2.logits"].v);
+    assert!(d < 1e-4, "chunks within the window must be exact ({d:.3e})");
+    // one-shot prefill of 33 and 100 tokens: only the last window of rows comes back
+    let mut worst = 0.0f64;
+    for p in ["p2", "p3"] {
+        let ids = g[&format!("{p}.input_ids")].ids();
+        let n = ids.len();
+        let mut st = m.new_state();
+        let mut it = [deepinfer_engine::BatchItem {
+            state: &mut st,
+            tokens: &ids,
+        }];
+        let got = m
+            .forward(&mut it, deepinfer_engine::Logits::All, None)
+            .unwrap()
+            .remove(0);
+        assert_eq!(got.len(), w * v);
+        let s = max_diff(&got, &g[&format!("{p}.logits")].v[(n - w) * v..]);
+        worst = worst.max(s);
+        // the state advanced by the whole prompt; decoding goes on
+        assert_eq!(st.pos, n);
+        let tok = g[&format!("{p}.greedy_ids")].ids()[0];
+        let mut it = [deepinfer_engine::BatchItem {
+            state: &mut st,
+            tokens: &[tok],
+        }];
+        let next = m
+            .forward(&mut it, deepinfer_engine::Logits::Last, None)
+            .unwrap()
+            .remove(0);
+        assert_eq!(next.len(), v);
+    }
+    eprintln!(
+        "v41 decoder bounded replay: max |logit shift| on the tail rows of p2/p3 = {worst:.3e}"
+    );
+    assert!(worst > 0.0);
+    // the V4 fixture has no KV-source layout: refused
+    let mut v4 = load("v4-tiny-dev");
+    assert!(v4.set_decoder_bounded_replay(true).is_err());
+}

@@ -54,7 +54,7 @@ impl<B: Backend> Model<B> {
             AttnKind::Shared => {
                 let src = last_at_or_below(&c.kv_source_layers, l)
                     .ok_or_else(|| ModelError::Input(format!("layer {l} has no KV source")))?;
-                if src == l && !ctx.replay {
+                if src == l && !ctx.replay && ctx.skip_compress != Some(l) {
                     self.compress_v41(ctx, x, l)?;
                 }
                 if c.index_source_layers.contains(&l) {
@@ -165,7 +165,12 @@ impl<B: Backend> Model<B> {
     }
 
     /// V4.1 KV source: pool this chunk's complete groups into entries and indexer keys.
-    fn compress_v41(&self, ctx: &mut Ctx<'_, '_, B::Tensor>, x: &B::Tensor, l: usize) -> R<()> {
+    pub(crate) fn compress_v41(
+        &self,
+        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        x: &B::Tensor,
+        l: usize,
+    ) -> R<()> {
         let c = &self.cfg;
         let be = &self.be;
         let aw = &self.w.layers[l].attn;

@@ -119,6 +119,7 @@ impl<B: Backend> Model<B> {
             candidates: Vec::new(),
             trace: None,
             replay: false,
+            skip_compress: None,
         };
         for (j, sw) in dw.stages.iter().enumerate() {
             let ma = self.hc(&x, &sw.hc_attn)?;

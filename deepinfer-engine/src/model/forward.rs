@@ -56,6 +56,8 @@ pub(crate) struct Ctx<'a, 'b, T> {
     pub trace: Option<&'a mut Trace>,
     /// Bounded replay: rebuild window state only (compressors untouched, no advance).
     pub replay: bool,
+    /// Decoder-side bounded replay: this layer's compressor already ran on every row.
+    pub skip_compress: Option<usize>,
 }
 
 impl<B: Backend> Model<B> {
@@ -80,9 +82,8 @@ impl<B: Backend> Model<B> {
         which: Logits,
         trace: Option<&mut Trace>,
     ) -> R<Vec<Vec<f32>>> {
-        let (h, feats_rows) = self.forward_hidden(items, trace)?;
-        let _ = feats_rows;
-        self.head_logits(&h, items.iter().map(|i| i.tokens.len()).collect(), which)
+        let (h, rows) = self.forward_hidden(items, trace)?;
+        self.head_logits(&h, rows, which)
     }
 
     /// Final-normed hidden rows `[S, D]` (and the DSpark context update done).
@@ -90,7 +91,7 @@ impl<B: Backend> Model<B> {
         &self,
         items: &mut [BatchItem<'_, B::Tensor>],
         trace: Option<&mut Trace>,
-    ) -> R<(B::Tensor, usize)> {
+    ) -> R<(B::Tensor, Vec<usize>)> {
         self.forward_hidden_mode(items, trace, false)
     }
 
@@ -99,7 +100,7 @@ impl<B: Backend> Model<B> {
         items: &mut [BatchItem<'_, B::Tensor>],
         trace: Option<&mut Trace>,
         replay: bool,
-    ) -> R<(B::Tensor, usize)> {
+    ) -> R<(B::Tensor, Vec<usize>)> {
         let c = &self.cfg;
         let be = &self.be;
         if items.is_empty() {
@@ -169,6 +170,14 @@ impl<B: Backend> Model<B> {
             candidates: (0..n_items).map(|_| None).collect(),
             trace,
             replay,
+            skip_compress: None,
+        };
+        let orig_segs = ctx.segs.clone();
+        let orig_ids = ctx.ids.clone();
+        let tail_from = if self.decoder_replay && !replay {
+            c.kv_source_layers.last().copied()
+        } else {
+            None
         };
         let (n, dm) = (c.hc_mult, c.hidden_size);
         let eps = c.rms_norm_eps as f32;
@@ -201,8 +210,62 @@ impl<B: Backend> Model<B> {
                 ModelKind::V41 => pre_mix.as_ref().unwrap_or(&ma.pre),
                 ModelKind::V4 => &ma.pre,
             };
-            let collapsed = be.hc_collapse(&x, collapse_pre)?;
-            let xin = be.rms_norm(&collapsed, Some(&lw.attn_norm), eps)?;
+            let mut collapsed = be.hc_collapse(&x, collapse_pre)?;
+            let mut xin = be.rms_norm(&collapsed, Some(&lw.attn_norm), eps)?;
+            let mut ma = ma;
+            let wn = c.sliding_window;
+            if tail_from == Some(l) && ctx.segs.iter().any(|s| s.len > wn) {
+                // Decoder-side bounded replay: the last KV source compresses every row, then
+                // this layer's attention and everything above run on each item's last
+                // `sliding_window` rows only, with their windows floored at the tail start.
+                self.compress_v41(&mut ctx, &xin, l)?;
+                ctx.skip_compress = Some(l);
+                let keep: Vec<(usize, usize)> = ctx
+                    .segs
+                    .iter()
+                    .map(|s| (s.off + s.len - s.len.min(wn), s.len.min(wn)))
+                    .collect();
+                let pick = |t: &B::Tensor| -> R<B::Tensor> {
+                    let parts = keep
+                        .iter()
+                        .map(|&(o, n)| be.narrow(t, 0, o, n))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let refs: Vec<&B::Tensor> = parts.iter().collect();
+                    Ok(be.concat(&refs, 0)?)
+                };
+                x = pick(&x)?;
+                collapsed = pick(&collapsed)?;
+                xin = pick(&xin)?;
+                ma = deepinfer_kernels::HcMixes {
+                    pre: pick(&ma.pre)?,
+                    post: pick(&ma.post)?,
+                    comb: pick(&ma.comb)?,
+                };
+                for f in feats.iter_mut() {
+                    *f = pick(f)?;
+                }
+                let mut pos = Vec::new();
+                let mut ids = Vec::new();
+                let mut off = 0;
+                for (si, seg) in ctx.segs.iter_mut().enumerate() {
+                    let (o, n) = keep[si];
+                    pos.extend_from_slice(&ctx.pos[o..o + n]);
+                    ids.extend_from_slice(&ctx.ids[o..o + n]);
+                    if n < seg.len {
+                        for j in l..c.num_layers {
+                            ctx.states[si].window[j] = None;
+                        }
+                    }
+                    *seg = Seg {
+                        off,
+                        len: n,
+                        pos0: seg.pos0 + seg.len - n,
+                    };
+                    off += n;
+                }
+                ctx.pos = pos;
+                ctx.ids = ids;
+            }
             let a = self.attention(&mut ctx, &xin, l)?;
             x = be.hc_expand(&x, &a, &ma.post, &ma.comb)?;
             let mf = self.hc(&x, &lw.hc_ffn)?;
@@ -242,7 +305,7 @@ impl<B: Backend> Model<B> {
         }
         let y = match (&self.w.hc_head, c.kind) {
             (Some(hw), ModelKind::V4) => {
-                let flat = be.rms_norm(&be.reshape(&x, &[s_total, n * dm])?, None, eps)?;
+                let flat = be.rms_norm(&be.reshape(&x, &[x.shape()[0], n * dm])?, None, eps)?;
                 let mix = be.matmul(&flat, &hw.fn_)?;
                 let pre = be.hc_pre_only(&mix, &hw.scale, &hw.base, c.hc_eps as f32)?;
                 be.hc_collapse(&x, &pre)?
@@ -261,15 +324,16 @@ impl<B: Backend> Model<B> {
             let main_hidden = be.concat(&refs, 1)?;
             self.dspark_context(&mut ctx, &main_hidden)?;
         }
-        for (st, seg) in ctx.states.iter_mut().zip(ctx.segs.iter()) {
+        let rows: Vec<usize> = ctx.segs.iter().map(|s| s.len).collect();
+        for (st, seg) in ctx.states.iter_mut().zip(orig_segs.iter()) {
             if replay {
                 continue;
             }
             st.pos += seg.len;
             st.history
-                .extend_from_slice(&ctx.ids[seg.off..seg.off + seg.len]);
+                .extend_from_slice(&orig_ids[seg.off..seg.off + seg.len]);
         }
-        Ok((hfinal, s_total))
+        Ok((hfinal, rows))
     }
 
     pub(crate) fn head_logits(

@@ -55,6 +55,8 @@ pub struct Model<B: Backend> {
     pub(crate) ones_d: B::Tensor,
     /// Production approximation: round the cached tensors through their storage formats.
     pub(crate) cache_round_trips: bool,
+    /// Production approximation: decoder-side bounded replay in prefill.
+    pub(crate) decoder_replay: bool,
 }
 
 impl<B: Backend> std::fmt::Debug for Model<B> {
@@ -139,6 +141,7 @@ impl<B: Backend> Model<B> {
             hasher,
             ones_d,
             cache_round_trips: false,
+            decoder_replay: false,
         })
     }
 
@@ -199,6 +202,37 @@ impl<B: Backend> Model<B> {
             );
         }
         Ok(lay)
+    }
+
+    /// Decoder-side bounded replay (a production approximation, V4.1 only): in a prefill
+    /// chunk longer than the window, the last KV source computes its compressed entries and
+    /// indexer keys for every row, then its attention and all later layers run only on the
+    /// chunk's last `sliding_window` rows, with their windows floored at the start of that
+    /// tail. `forward` then returns logits for those tail rows only. Refused unless the last
+    /// KV source is also an index source and the candidate source (when there is one), no
+    /// Engram layer sits at or after it, and the drafter reads only layers at or after it.
+    pub fn set_decoder_bounded_replay(&mut self, on: bool) -> Result<(), ModelError> {
+        if on {
+            let c = &self.cfg;
+            let last = c.kv_source_layers.last().copied().ok_or_else(|| {
+                ModelError::Input("decoder replay needs a KV source layer".into())
+            })?;
+            let ok = c.index_source_layers.contains(&last)
+                && c.candidate_source_layer.is_none_or(|cs| cs == last)
+                && c.engram
+                    .as_ref()
+                    .is_none_or(|e| e.layer_ids.iter().all(|&l| l < last))
+                && c.dspark
+                    .as_ref()
+                    .is_none_or(|d| d.target_layer_ids.iter().all(|&l| l >= last));
+            if !ok {
+                return Err(ModelError::Input(format!(
+                    "decoder bounded replay is not valid for this layout (last KV source {last})"
+                )));
+            }
+        }
+        self.decoder_replay = on;
+        Ok(())
     }
 
     /// Bounded replay (a production approximation): rebuild the window state of a sequence
