@@ -29,6 +29,9 @@ const DEEPSEEK_PRE_TOKENIZER: &str = r##"{"type":"Sequence","pretokenizers":[{"t
 /// parallel encoding.
 const CHUNK_BYTES: usize = 16 * 1024;
 
+/// Prompts shorter than this are encoded on the calling thread.
+const PARALLEL_MIN_BYTES: usize = 4 * CHUNK_BYTES;
+
 /// Errors of loading a tokenizer or encoding a prompt.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -165,6 +168,10 @@ impl PromptTokenizer {
     /// without the added vocabulary, in parallel (rayon). The result equals
     /// [`Self::encode_sequential`].
     pub fn encode(&self, prompt: &RenderedPrompt) -> Result<Vec<u32>, TokenizerError> {
+        // Thread hand-offs cost more than they save on chat-sized prompts.
+        if prompt.text.len() < PARALLEL_MIN_BYTES {
+            return self.encode_sequential(prompt);
+        }
         enum Job<'a> {
             Text(&'a str),
             Id(u32),

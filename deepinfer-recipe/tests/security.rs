@@ -299,8 +299,8 @@ proptest! {
             text.push_str(line);
             text.push_str(&"\n".repeat(*run));
         }
-        // Long enough to be cut many times (chunks target 16 KiB).
-        let text = text.repeat(1 + 40_000 / text.len().max(1));
+        // Long enough for the parallel path (64 KiB) and many cuts (16 KiB).
+        let text = text.repeat(1 + 100_000 / text.len().max(1));
         let rendered = Renderer::new(PromptFormat::V41)
             .render(&Conversation { thinking: false, ..Conversation::new(vec![Message::user(text)]) });
         let tokenizer_v41 = v41_tokenizer();

@@ -268,7 +268,12 @@ impl StreamParser {
         }
         let bytes = std::mem::take(&mut self.pending);
         let count = std::mem::take(&mut self.pending_tokens);
-        let text = String::from_utf8_lossy(&bytes).into_owned().into_bytes();
+        let text = match String::from_utf8(bytes) {
+            Ok(text) => text.into_bytes(),
+            Err(error) => String::from_utf8_lossy(error.as_bytes())
+                .into_owned()
+                .into_bytes(),
+        };
         self.feed_piece(text, count, Provenance::Plain, events);
     }
 
