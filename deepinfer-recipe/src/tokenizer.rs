@@ -55,6 +55,9 @@ pub enum TokenizerError {
 pub struct PromptTokenizer {
     plain: Tokenizer,
     special_ids: HashMap<String, u32>,
+    /// BPE plus added vocabulary (computing it in `tokenizers` clones the vocabulary).
+    base_vocab_size: usize,
+    reserved_mask: OnceLock<std::sync::Arc<Vec<bool>>>,
     id_bytes: OnceLock<Vec<Vec<u8>>>,
     full: Tokenizer,
     newline_cuts: bool,
@@ -107,6 +110,8 @@ impl PromptTokenizer {
         Self {
             plain,
             special_ids,
+            base_vocab_size: tokenizer.get_vocab_size(true),
+            reserved_mask: OnceLock::new(),
             id_bytes: OnceLock::new(),
             full: tokenizer,
             newline_cuts,
@@ -118,6 +123,7 @@ impl PromptTokenizer {
     pub fn with_special_id(mut self, spelling: impl Into<String>, id: u32) -> Self {
         self.special_ids.insert(spelling.into(), id);
         self.id_bytes = OnceLock::new();
+        self.reserved_mask = OnceLock::new();
         self
     }
 
@@ -128,7 +134,23 @@ impl PromptTokenizer {
 
     /// Whether `id` is reserved (an added or configured special token).
     pub fn is_reserved(&self, id: u32) -> bool {
-        self.reserved_ids().contains(&id)
+        self.reserved_mask()
+            .get(id as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// One flag per id: reserved or not. Built once, shared.
+    pub fn reserved_mask(&self) -> std::sync::Arc<Vec<bool>> {
+        self.reserved_mask
+            .get_or_init(|| {
+                let mut mask = vec![false; self.vocab_size()];
+                for &id in self.special_ids.values() {
+                    mask[id as usize] = true;
+                }
+                std::sync::Arc::new(mask)
+            })
+            .clone()
     }
 
     /// All reserved ids.
@@ -138,7 +160,7 @@ impl PromptTokenizer {
 
     /// Number of ids (BPE plus added vocabulary, plus configured ids beyond it).
     pub fn vocab_size(&self) -> usize {
-        let base = self.full.get_vocab_size(true);
+        let base = self.base_vocab_size;
         let configured = self.special_ids.values().map(|&id| id as usize + 1).max();
         base.max(configured.unwrap_or(0))
     }

@@ -106,7 +106,7 @@ pub struct StreamParser {
     thinking: bool,
     completion_tokens: u32,
     stopped: bool,
-    reserved: Vec<bool>,
+    reserved: Arc<Vec<bool>>,
 }
 
 impl StreamParser {
@@ -146,12 +146,7 @@ impl StreamParser {
             tools: options.parse_tool_calls,
             json: options.parse_json_output,
         };
-        let mut reserved = vec![false; tokenizer.vocab_size()];
-        for id in tokenizer.reserved_ids() {
-            if let Some(slot) = reserved.get_mut(id as usize) {
-                *slot = true;
-            }
-        }
+        let reserved = tokenizer.reserved_mask();
         Self {
             scanner: Scanner::new(stage, spellings),
             emitter: Emitter::new(),
