@@ -10,6 +10,8 @@ pub mod engram;
 pub mod model;
 pub mod names;
 pub mod quant;
+#[cfg(feature = "runtime")]
+pub mod runtime;
 pub mod weights;
 
 pub use config::{ModelConfig, ModelKind};

@@ -1,6 +1,8 @@
 //! The `deepinfer` command line. Each subcommand lives in its own module with its own
 //! clap `Args` struct and a `run` function; `main` only dispatches.
 
+#[cfg(feature = "runtime")]
+pub mod generate;
 pub mod score;
 
 use clap::{Parser, Subcommand};
@@ -19,6 +21,9 @@ pub struct Cli {
 pub enum Command {
     /// Teacher-forced scoring: logits (or log-probabilities) at every position.
     Score(score::ScoreArgs),
+    /// Generate completions (OpenAI Batch JSONL, a quick prompt, or the built-in sample batch).
+    #[cfg(feature = "runtime")]
+    Generate(generate::GenerateArgs),
 }
 
 /// Errors of the command line, printed as one line.
@@ -28,5 +33,7 @@ pub type CliResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 pub fn run(cli: Cli) -> CliResult {
     match cli.command {
         Command::Score(a) => score::run(&a),
+        #[cfg(feature = "runtime")]
+        Command::Generate(a) => generate::run(&a),
     }
 }

@@ -1,0 +1,231 @@
+//! `deepinfer generate`: OpenAI Batch API JSONL in, matching output JSONL out; `--prompt`
+//! for a quick answer; with no `--model` the embedded default (random weights) and, with no
+//! `--input` either, the built-in sample batch.
+
+use super::CliResult;
+use crate::model::Model;
+use crate::runtime::{
+    ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, SAMPLE_BATCH, default_model_dir,
+    materialize_default, run_batch,
+};
+use clap::Args;
+use deepinfer_kernels::{CpuBackend, CpuConfig};
+use deepinfer_recipe::PromptTokenizer;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Arguments of `deepinfer generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Model directory (config.json, weights, engram_token_map.json for V4.1, optionally
+    /// tokenizer.json). Default: the embedded tiny V4.1 model with random weights.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// OpenAI Batch API input (JSONL of chat-completions requests).
+    #[arg(long, conflicts_with = "prompt")]
+    pub input: Option<PathBuf>,
+    /// A single user message; the answer is printed.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Output JSONL (default ./deepinfer-output.jsonl; with --prompt, nothing is written unless given).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// `max_tokens` for requests that do not set it.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Base of the per-request seeds of requests that do not set one (line number mixed in).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Deterministic mode: batch-invariant kernels (a request's tokens and log-probabilities do
+    /// not depend on its batch-mates or the batch order).
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Thinking mode for requests that do not say.
+    #[arg(long)]
+    pub thinking: bool,
+    /// KV pool size in blocks.
+    #[arg(long, default_value_t = 4096)]
+    pub num_blocks: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Most sequences per step.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Most tokens per step.
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Disable prefix caching.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// The tokenizer for a model directory: its `tokenizer.json`, else the vendored DeepSeek V4 one.
+fn tokenizer_for(dir: Option<&Path>, vocab: usize) -> Result<PromptTokenizer, String> {
+    let tok = match dir.map(|d| d.join("tokenizer.json")).filter(|p| p.exists()) {
+        Some(p) => {
+            let bytes =
+                std::fs::read(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            PromptTokenizer::from_json_bytes(&bytes).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        None => PromptTokenizer::deepseek_v4().map_err(|e| e.to_string())?,
+    };
+    if tok.vocab_size() > vocab {
+        return Err(format!(
+            "the tokenizer has {} tokens but the model only {vocab}; put a matching tokenizer.json in the model directory",
+            tok.vocab_size()
+        ));
+    }
+    Ok(tok)
+}
+
+/// Run `deepinfer generate`.
+pub fn run(a: &GenerateArgs) -> CliResult {
+    let be = CpuBackend::with_config(CpuConfig {
+        batch_invariant: a.deterministic,
+        threads: a.threads,
+    })?;
+    let t_load = std::time::Instant::now();
+    let (model, label) = match &a.model {
+        Some(dir) => (Model::load(dir, be)?, dir.display().to_string()),
+        None => {
+            let dir = default_model_dir(DEFAULT_SEED);
+            if !dir.join("model.safetensors").exists() {
+                eprintln!(
+                    "creating the embedded default model (seed {DEFAULT_SEED:#x}) in {}",
+                    dir.display()
+                );
+            }
+            let dir = materialize_default(&dir, DEFAULT_SEED)?;
+            (
+                Model::load(&dir, be)?,
+                "embedded default (tiny deepseek_v41, RANDOM weights: its text is not meaningful)"
+                    .to_string(),
+            )
+        }
+    };
+    let tok = tokenizer_for(a.model.as_deref(), model.cfg.vocab_size)?;
+    let mut front = ChatFrontend::new(tok, model.kind());
+    front.default_max_tokens = a.max_tokens;
+    front.default_thinking = a.thinking;
+    let cfg = EngineConfig {
+        num_blocks: a.num_blocks,
+        block_size: a.block_size,
+        max_num_seqs: a.max_num_seqs,
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        prefix_caching: !a.no_prefix_cache,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(model, cfg)?.with_tokenizer(front.tokenizer().clone());
+    let load_s = t_load.elapsed().as_secs_f64();
+
+    let (input, source) = match (&a.prompt, &a.input) {
+        (Some(p), _) => {
+            let line = serde_json::json!({"custom_id": "prompt", "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": "deepinfer", "messages": [{"role": "user", "content": p}]}});
+            (line.to_string(), "--prompt".to_string())
+        }
+        (None, Some(path)) => (
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+            path.display().to_string(),
+        ),
+        (None, None) => (
+            SAMPLE_BATCH.to_string(),
+            "the built-in sample batch".to_string(),
+        ),
+    };
+    let n_lines = input.lines().filter(|l| !l.trim().is_empty()).count();
+    let bar = if n_lines > 1 {
+        let b = ProgressBar::new(0);
+        b.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} requests  {msg}")
+                .map_err(|e| e.to_string())?,
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let t_gen = std::time::Instant::now();
+    let (records, sum) = run_batch(
+        &mut engine,
+        &front,
+        &input,
+        a.seed,
+        |done, total, tokens| {
+            if let Some(b) = &bar {
+                b.set_length(total as u64);
+                b.set_position(done as u64);
+                let s = t_gen.elapsed().as_secs_f64().max(1e-9);
+                b.set_message(format!("{tokens} tokens, {:.0} tok/s", tokens as f64 / s));
+            }
+        },
+    )?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let m = engine.metrics();
+    if a.prompt.is_some() {
+        let rec = records.first().ok_or("no output")?;
+        if let Some(err) = rec.get("error").filter(|e| !e.is_null()) {
+            return Err(err["message"]
+                .as_str()
+                .unwrap_or("request failed")
+                .to_string()
+                .into());
+        }
+        let msg = &rec["response"]["body"]["choices"][0]["message"];
+        if let Some(r) = msg
+            .get("reasoning_content")
+            .and_then(|r| r.as_str())
+            .filter(|r| !r.is_empty())
+        {
+            println!("[reasoning] {r}");
+        }
+        println!("{}", msg["content"].as_str().unwrap_or_default());
+    }
+    let out_path = match (&a.output, &a.prompt) {
+        (Some(p), _) => Some(p.clone()),
+        (None, None) => Some(PathBuf::from("deepinfer-output.jsonl")),
+        (None, Some(_)) => None,
+    };
+    if let Some(path) = &out_path {
+        let f = std::fs::File::create(path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let mut w = std::io::BufWriter::new(f);
+        for r in &records {
+            writeln!(w, "{r}").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+        w.flush()
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    eprintln!("model: {label} (ready in {load_s:.1} s)");
+    eprintln!(
+        "{} request line(s) from {source}: {} completed, {} error record(s); {} prompt + {} generated tokens in {:.2} s ({:.0} generated tok/s)",
+        sum.lines,
+        sum.completed,
+        sum.errors,
+        sum.prompt_tokens,
+        sum.generated_tokens,
+        sum.elapsed_s,
+        sum.generated_tokens as f64 / sum.elapsed_s.max(1e-9)
+    );
+    eprintln!(
+        "steps {}, forward {:.0} ms, sampling {:.0} ms, scheduling {:.0} ms, parsing {:.0} ms; prefix-cached prompt tokens {}, preemptions {}",
+        m.steps,
+        m.forward_ms,
+        m.sample_ms,
+        m.sched_ms,
+        m.post_ms,
+        m.cached_prompt_tokens,
+        m.preemptions
+    );
+    if let Some(path) = out_path {
+        println!("outputs written to {}", path.display());
+    }
+    Ok(())
+}

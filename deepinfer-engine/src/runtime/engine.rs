@@ -1,0 +1,760 @@
+//! The step loop (DESIGN.md, "One engine step"): `deepinfer-sched` plans the step (KV
+//! blocks from `deepinfer-kv`, prefix hits, chunked prefill, preemption) → the model's
+//! forward over each sequence's state on the backend → `deepinfer-sample` picks one token per
+//! sampling row (per-request seed and position) → `update` (append, stop conditions, free
+//! blocks) → the recipe stream parser turns ids into text, reasoning and tool calls.
+//!
+//! Steps run one after the other (no overlap of scheduling with the forward yet).
+
+use super::prefix::PrefixStates;
+use super::request::{
+    FinishReason, GenParams, Output, Request, RequestId, Timing, TokenLogprob, ToolCallOut, Usage,
+};
+use crate::{BatchItem, Logits, Model, ModelError, SeqState};
+use deepinfer_kernels::Backend;
+use deepinfer_kv::{BlockManager, BlockManagerConfig, HitRule};
+use deepinfer_recipe::parser::{BackendFinish, Event, FinishReason as ParseFinish};
+use deepinfer_recipe::{PromptTokenizer, StreamParser};
+use deepinfer_sample::{SampleError, SampleRequest, sample_batch};
+use deepinfer_sched::{
+    FinishReason as SchedFinish, Finished, NewRequest, SchedError, Scheduler, SchedulerConfig,
+    StepOutput,
+};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Engine settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// KV blocks in the pool (the memory budget: fewer blocks means preemption sooner).
+    pub num_blocks: usize,
+    /// Tokens per KV block (also the granularity of prefix hits).
+    pub block_size: usize,
+    /// Most sequences in one step.
+    pub max_num_seqs: usize,
+    /// Most rows (tokens) in one step.
+    pub max_num_batched_tokens: usize,
+    /// Context limit (prompt + generated).
+    pub max_model_len: usize,
+    /// Reuse the model state of cached prompt prefixes.
+    pub prefix_caching: bool,
+    /// Most prefix model-state snapshots kept (LRU).
+    pub prefix_state_capacity: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            num_blocks: 4096,
+            block_size: 16,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            max_model_len: 8192,
+            prefix_caching: true,
+            prefix_state_capacity: 512,
+        }
+    }
+}
+
+/// Anything that stops a `generate` call.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// From the scheduler.
+    #[error("scheduler: {0}")]
+    Sched(#[from] SchedError),
+    /// From the model.
+    #[error("model: {0}")]
+    Model(#[from] ModelError),
+    /// From the sampler.
+    #[error("sampler: {0}")]
+    Sample(#[from] SampleError),
+    /// Bad engine configuration.
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    /// A request that cannot run (reported per request by [`Engine::generate_each`]).
+    #[error("request {id}: {reason}")]
+    InvalidRequest {
+        /// The request.
+        id: RequestId,
+        /// Why.
+        reason: String,
+    },
+    /// The scheduler has work but planned nothing (should not happen).
+    #[error("the scheduler made no progress with {0} request(s) left")]
+    Stuck(usize),
+}
+
+/// Counters over the engine's life.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Metrics {
+    /// Steps run.
+    pub steps: u64,
+    /// Forward calls (a step may split a prefill at a snapshot point into two).
+    pub forward_calls: u64,
+    /// Rows (tokens) through the model, replays included.
+    pub forward_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Prompt tokens the scheduler served from the prefix cache (first admissions).
+    pub cached_prompt_tokens: u64,
+    /// Resumes (prefix hits, re-admissions) whose state came from a snapshot.
+    pub state_snapshot_hits: u64,
+    /// Tokens replayed to rebuild a state no snapshot covered.
+    pub replayed_tokens: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// Prefix model-state snapshots held now.
+    pub prefix_states: usize,
+    /// Time in the model's forward, ms.
+    pub forward_ms: f64,
+    /// Time in the sampler, ms.
+    pub sample_ms: f64,
+    /// Time in `schedule` + `update`, ms.
+    pub sched_ms: f64,
+    /// Time in the stream parser and output bookkeeping, ms.
+    pub post_ms: f64,
+}
+
+/// One streamed event of [`Engine::generate_stream`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// A token was generated.
+    Token {
+        /// The request.
+        id: RequestId,
+        /// The token.
+        token: u32,
+        /// Its log-probability.
+        logprob: f32,
+    },
+    /// Answer text.
+    Text {
+        /// The request.
+        id: RequestId,
+        /// Text delta.
+        delta: String,
+    },
+    /// Reasoning text.
+    Reasoning {
+        /// The request.
+        id: RequestId,
+        /// Text delta.
+        delta: String,
+    },
+    /// The request finished.
+    Finished(Box<Output>),
+}
+
+impl StreamEvent {
+    /// The request the event belongs to.
+    pub fn request(&self) -> RequestId {
+        match self {
+            StreamEvent::Token { id, .. }
+            | StreamEvent::Text { id, .. }
+            | StreamEvent::Reasoning { id, .. } => *id,
+            StreamEvent::Finished(o) => o.id,
+        }
+    }
+}
+
+/// A request in flight.
+struct Live<T> {
+    user_id: RequestId,
+    params: GenParams,
+    prompt_len: usize,
+    /// Where a prefix-hit snapshot is taken: the largest reusable prefix of this prompt.
+    cut: usize,
+    state: Option<SeqState<T>>,
+    parser: Option<StreamParser>,
+    logprobs: Vec<TokenLogprob>,
+    text: String,
+    reasoning: String,
+    calls: Vec<ToolCallOut>,
+    parse_finish: Option<ParseFinish>,
+    stop_tokens: Vec<u32>,
+    cached: Option<usize>,
+    first_token: Option<f64>,
+    last_token: f64,
+}
+
+/// A piece of one row group: rows `from .. to` of the request's token history.
+struct Piece {
+    sid: u64,
+    from: usize,
+    to: usize,
+    samples: bool,
+}
+
+/// The engine: a model on a backend plus scheduler, sampler and (optionally) a tokenizer.
+pub struct Engine<B: Backend> {
+    model: Model<B>,
+    cfg: EngineConfig,
+    sched: Scheduler,
+    tokenizer: Option<Arc<PromptTokenizer>>,
+    prefix: PrefixStates<B::Tensor>,
+    metrics: Metrics,
+    next_sid: u64,
+}
+
+impl<B: Backend> std::fmt::Debug for Engine<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("cfg", &self.cfg)
+            .field("metrics", &self.metrics)
+            .finish()
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+impl<B: Backend> Engine<B>
+where
+    B::Tensor: Clone,
+{
+    /// An engine over `model`.
+    pub fn new(model: Model<B>, cfg: EngineConfig) -> Result<Self, EngineError> {
+        if cfg.block_size == 0 || cfg.num_blocks == 0 {
+            return Err(EngineError::Config(
+                "num_blocks and block_size must be positive".into(),
+            ));
+        }
+        let sched = Self::make_scheduler(&model, &cfg)?;
+        let prefix = PrefixStates::new(
+            cfg.block_size,
+            if cfg.prefix_caching {
+                cfg.prefix_state_capacity
+            } else {
+                0
+            },
+        );
+        Ok(Self {
+            model,
+            sched,
+            tokenizer: None,
+            prefix,
+            metrics: Metrics::default(),
+            next_sid: 0,
+            cfg,
+        })
+    }
+
+    fn make_scheduler(model: &Model<B>, cfg: &EngineConfig) -> Result<Scheduler, EngineError> {
+        let mut kv = BlockManagerConfig::new(cfg.num_blocks, cfg.block_size);
+        kv.enable_prefix_caching = cfg.prefix_caching;
+        // The last window of a prompt is always recomputed (DESIGN.md prefix-hit rule).
+        kv.hit_rule = HitRule {
+            window: model.cfg.sliding_window,
+            spec_slack: 0,
+        };
+        let kv = BlockManager::new(kv).map_err(SchedError::from)?;
+        let sc = SchedulerConfig {
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+            max_num_seqs: cfg.max_num_seqs,
+            max_model_len: cfg.max_model_len,
+            max_chunk_tokens: cfg.max_num_batched_tokens,
+            ..SchedulerConfig::default()
+        };
+        Ok(Scheduler::new(sc, kv)?)
+    }
+
+    /// Attach a tokenizer: outputs then carry text, reasoning and tool calls.
+    pub fn with_tokenizer(mut self, tokenizer: Arc<PromptTokenizer>) -> Self {
+        self.tokenizer = Some(tokenizer);
+        self
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+
+    /// The tokenizer, if attached.
+    pub fn tokenizer(&self) -> Option<&Arc<PromptTokenizer>> {
+        self.tokenizer.as_ref()
+    }
+
+    /// Counters so far.
+    pub fn metrics(&self) -> Metrics {
+        Metrics {
+            preemptions: self.sched.stats().preemptions,
+            prefix_states: self.prefix.len(),
+            ..self.metrics
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Run every request to completion; outputs in request order. Any invalid request fails
+    /// the whole call (use [`Engine::generate_each`] to get per-request errors).
+    pub fn generate(&mut self, requests: Vec<Request>) -> Result<Vec<Output>, EngineError> {
+        self.generate_each(requests)?.into_iter().collect()
+    }
+
+    /// Run every valid request to completion; invalid ones come back as errors in their slot.
+    pub fn generate_each(
+        &mut self,
+        requests: Vec<Request>,
+    ) -> Result<Vec<Result<Output, EngineError>>, EngineError> {
+        let order: Vec<RequestId> = requests.iter().map(|r| r.id).collect();
+        let mut done: HashMap<RequestId, Result<Output, EngineError>> = HashMap::new();
+        let mut valid = Vec::new();
+        for r in requests {
+            match self.check_request(&r) {
+                Ok(())
+                    if !done.contains_key(&r.id)
+                        && !valid.iter().any(|v: &Request| v.id == r.id) =>
+                {
+                    valid.push(r)
+                }
+                Ok(()) => {
+                    done.insert(
+                        r.id,
+                        Err(EngineError::InvalidRequest {
+                            id: r.id,
+                            reason: "duplicate request id".into(),
+                        }),
+                    );
+                }
+                Err(e) => {
+                    done.insert(r.id, Err(e));
+                }
+            }
+        }
+        self.generate_stream(valid, |ev| {
+            if let StreamEvent::Finished(o) = ev {
+                done.insert(o.id, Ok((**o).clone()));
+            }
+            true
+        })?;
+        Ok(order
+            .into_iter()
+            .map(|id| {
+                done.remove(&id).unwrap_or(Err(EngineError::InvalidRequest {
+                    id,
+                    reason: "duplicate request id".into(),
+                }))
+            })
+            .collect())
+    }
+
+    /// Whether a request can run on this engine (prompt, vocabulary, limits, parameters).
+    pub fn check_request(&self, r: &Request) -> Result<(), EngineError> {
+        let bad = |reason: String| EngineError::InvalidRequest { id: r.id, reason };
+        let v = self.model.cfg.vocab_size;
+        if r.prompt.is_empty() {
+            return Err(bad("empty prompt".into()));
+        }
+        if let Some(t) = r.prompt.iter().find(|&&t| t as usize >= v) {
+            return Err(bad(format!(
+                "prompt token {t} outside the vocabulary ({v})"
+            )));
+        }
+        if r.params.max_tokens == 0 {
+            return Err(bad("max_tokens must be at least 1".into()));
+        }
+        if r.prompt.len() >= self.cfg.max_model_len {
+            return Err(bad(format!(
+                "prompt of {} tokens exceeds the context limit of {}",
+                r.prompt.len(),
+                self.cfg.max_model_len
+            )));
+        }
+        if r.prompt.len() + 1 > self.cfg.num_blocks * self.cfg.block_size {
+            return Err(bad(format!(
+                "prompt of {} tokens exceeds the KV pool of {} tokens",
+                r.prompt.len(),
+                self.cfg.num_blocks * self.cfg.block_size
+            )));
+        }
+        r.params
+            .sampling
+            .validate()
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Run requests to completion, calling `on_event` for every token, text delta and
+    /// finished output. Returning `false` from `on_event` aborts that event's request (it
+    /// finishes with [`FinishReason::Aborted`] and what it generated so far).
+    pub fn generate_stream(
+        &mut self,
+        requests: Vec<Request>,
+        mut on_event: impl FnMut(&StreamEvent) -> bool,
+    ) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        let mut live: HashMap<u64, Live<B::Tensor>> = HashMap::new();
+        let eos = self.model.cfg.eos_token_id.map(|e| e as u32);
+        for r in requests {
+            self.check_request(&r)?;
+            let sid = self.next_sid;
+            self.next_sid += 1;
+            let mut stop_tokens = r.params.stop_token_ids.clone();
+            if r.params.stop_at_eos
+                && let Some(e) = eos
+            {
+                stop_tokens.push(e);
+            }
+            let mut nr = NewRequest::new(sid, r.prompt.clone(), r.params.max_tokens);
+            nr.stop_tokens = stop_tokens.clone();
+            self.sched.add_request(nr)?;
+            let parser = match (&self.tokenizer, &r.parsing) {
+                (Some(tok), Some(p)) => Some(StreamParser::new(tok.clone(), p)),
+                (Some(tok), None) => Some(StreamParser::new(tok.clone(), &plain_parsing())),
+                _ => None,
+            };
+            let cut = HitRule {
+                window: self.model.cfg.sliding_window,
+                spec_slack: 0,
+            }
+            .max_reusable_tokens(r.prompt.len(), self.cfg.block_size);
+            live.insert(
+                sid,
+                Live {
+                    user_id: r.id,
+                    params: r.params,
+                    prompt_len: r.prompt.len(),
+                    cut,
+                    state: None,
+                    parser,
+                    logprobs: Vec::new(),
+                    text: String::new(),
+                    reasoning: String::new(),
+                    calls: Vec::new(),
+                    parse_finish: None,
+                    stop_tokens,
+                    cached: None,
+                    first_token: None,
+                    last_token: 0.0,
+                },
+            );
+        }
+        while !live.is_empty() {
+            let ts = Instant::now();
+            let plan = self.sched.schedule()?;
+            self.metrics.sched_ms += ms_since(ts);
+            for id in &plan.preempted {
+                // Recompute on re-admission: the model state goes with the KV blocks.
+                if let Some(l) = live.get_mut(id) {
+                    l.state = None;
+                }
+            }
+            if plan.is_empty() {
+                return Err(EngineError::Stuck(live.len()));
+            }
+            self.metrics.steps += 1;
+            // Row groups → pieces, restoring states where the scheduler resumes a request.
+            let mut pieces = Vec::with_capacity(plan.num_groups());
+            let groups = plan
+                .prefill
+                .iter()
+                .map(|c| (c.request, c.start, c.start + c.len, c.samples))
+                .chain(
+                    plan.decode
+                        .iter()
+                        .map(|d| (d.request, d.position, d.position + 1, true)),
+                );
+            for (sid, start, end, samples) in groups {
+                let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
+                if l.cached.is_none() {
+                    l.cached = Some(start);
+                    self.metrics.cached_prompt_tokens += start as u64;
+                }
+                let ok = l.state.as_ref().is_some_and(|s| s.pos == start);
+                if !ok {
+                    let toks = self
+                        .sched
+                        .tokens(sid)
+                        .ok_or(SchedError::UnknownRequest(sid))?;
+                    let st = match self.prefix.lookup(&toks[..start]) {
+                        Some(s) => {
+                            self.metrics.state_snapshot_hits += 1;
+                            s
+                        }
+                        None => self.model.new_state(),
+                    };
+                    self.metrics.replayed_tokens += (start - st.pos) as u64;
+                    l.state = Some(st);
+                }
+                let from = l.state.as_ref().map(|s| s.pos).unwrap_or(0);
+                // Split at the snapshot point so a later identical prefix can resume there.
+                if self.cfg.prefix_caching && from < l.cut && l.cut < end {
+                    pieces.push(Piece {
+                        sid,
+                        from,
+                        to: l.cut,
+                        samples: false,
+                    });
+                    pieces.push(Piece {
+                        sid,
+                        from: l.cut,
+                        to: end,
+                        samples,
+                    });
+                } else {
+                    pieces.push(Piece {
+                        sid,
+                        from,
+                        to: end,
+                        samples,
+                    });
+                }
+            }
+            // Forward: first pieces of every group, then the second halves of split groups.
+            let mut logits: HashMap<u64, Vec<f32>> = HashMap::new();
+            let mut phase: Vec<&Piece> = Vec::new();
+            let mut second: Vec<&Piece> = Vec::new();
+            for (i, p) in pieces.iter().enumerate() {
+                if i > 0 && pieces[i - 1].sid == p.sid {
+                    second.push(p);
+                } else {
+                    phase.push(p);
+                }
+            }
+            for group in [phase, second] {
+                if group.is_empty() {
+                    continue;
+                }
+                self.forward_group(&group, &mut live, &mut logits)?;
+            }
+            // Sample every row that samples.
+            let tsm = Instant::now();
+            let mut rows = Vec::new();
+            let mut row_sids = Vec::new();
+            let empty: Vec<u32> = Vec::new();
+            for p in pieces.iter().filter(|p| p.samples) {
+                let l = &live[&p.sid];
+                let hist = self
+                    .sched
+                    .tokens(p.sid)
+                    .map(|t| &t[l.prompt_len.min(t.len())..])
+                    .unwrap_or(&empty);
+                rows.push(SampleRequest {
+                    logits: logits[&p.sid].as_slice(),
+                    mask: None,
+                    history: hist,
+                    position: p.to as u64,
+                    params: &l.params.sampling,
+                });
+                row_sids.push(p.sid);
+            }
+            let sampled = sample_batch(&rows);
+            drop(rows);
+            self.metrics.sample_ms += ms_since(tsm);
+            let tp = Instant::now();
+            let now = ms_since(t0);
+            let mut out = StepOutput::new(plan.step);
+            let mut aborts = Vec::new();
+            let mut si = 0;
+            for sid in plan.requests() {
+                let samples = pieces
+                    .iter()
+                    .rev()
+                    .find(|p| p.sid == sid)
+                    .is_some_and(|p| p.samples);
+                if !samples {
+                    out.push(sid, &[], false);
+                    continue;
+                }
+                let s = sampled[si].clone()?;
+                si += 1;
+                let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
+                self.metrics.generated_tokens += 1;
+                l.first_token.get_or_insert(now);
+                l.last_token = now;
+                if l.params.logprobs {
+                    l.logprobs.push(TokenLogprob {
+                        token: s.token,
+                        logprob: s.logprob,
+                        top: s.top_logprobs.clone(),
+                    });
+                }
+                let mut keep = on_event(&StreamEvent::Token {
+                    id: l.user_id,
+                    token: s.token,
+                    logprob: s.logprob,
+                });
+                let mut stop = false;
+                if !l.stop_tokens.contains(&s.token)
+                    && let Some(parser) = l.parser.as_mut()
+                {
+                    let evs = parser.push_tokens(&[s.token]);
+                    stop = parser.is_stopped();
+                    keep &= apply_events(l, evs, &mut on_event);
+                }
+                if !keep {
+                    aborts.push(sid);
+                }
+                out.push(sid, &[s.token], stop);
+            }
+            self.metrics.post_ms += ms_since(tp);
+            let tu = Instant::now();
+            let res = self.sched.update(&out)?;
+            self.metrics.sched_ms += ms_since(tu);
+            let mut finished = res.finished;
+            for sid in aborts {
+                if let Ok(f) = self.sched.abort(sid) {
+                    finished.push(f);
+                }
+            }
+            let tp = Instant::now();
+            for f in finished {
+                let Some(l) = live.remove(&f.id) else {
+                    continue;
+                };
+                let o = finish(l, f, ms_since(t0));
+                on_event(&StreamEvent::Finished(Box::new(o)));
+            }
+            self.metrics.post_ms += ms_since(tp);
+        }
+        Ok(())
+    }
+
+    /// One forward call over `group` (at most one piece per request), keeping each piece's
+    /// last-row logits and snapshotting states that end on a block boundary.
+    fn forward_group(
+        &mut self,
+        group: &[&Piece],
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+        logits: &mut HashMap<u64, Vec<f32>>,
+    ) -> Result<(), EngineError> {
+        let mut states = Vec::with_capacity(group.len());
+        let mut toks = Vec::with_capacity(group.len());
+        for p in group {
+            let l = live
+                .get_mut(&p.sid)
+                .ok_or(SchedError::UnknownRequest(p.sid))?;
+            let st = l.state.take().unwrap_or_else(|| self.model.new_state());
+            let all = self
+                .sched
+                .tokens(p.sid)
+                .ok_or(SchedError::UnknownRequest(p.sid))?;
+            toks.push(all[p.from..p.to].to_vec());
+            states.push(st);
+        }
+        let tf = Instant::now();
+        let res = {
+            let mut items: Vec<BatchItem<'_, B::Tensor>> = states
+                .iter_mut()
+                .zip(&toks)
+                .map(|(state, t)| BatchItem { state, tokens: t })
+                .collect();
+            self.model.forward(&mut items, Logits::Last, None)
+        };
+        self.metrics.forward_ms += ms_since(tf);
+        self.metrics.forward_calls += 1;
+        self.metrics.forward_tokens += toks.iter().map(|t| t.len() as u64).sum::<u64>();
+        let rows = res?;
+        for ((p, st), row) in group.iter().zip(states).zip(rows) {
+            if self.cfg.prefix_caching && st.pos.is_multiple_of(self.cfg.block_size) {
+                let all = self
+                    .sched
+                    .tokens(p.sid)
+                    .ok_or(SchedError::UnknownRequest(p.sid))?;
+                self.prefix.insert(&all[..st.pos], &st);
+            }
+            if let Some(l) = live.get_mut(&p.sid) {
+                l.state = Some(st);
+            }
+            logits.insert(p.sid, row);
+        }
+        Ok(())
+    }
+}
+
+/// Content-only parsing (no thinking, no tools, no stop sequences).
+fn plain_parsing() -> deepinfer_recipe::protocol::ParsingOptions {
+    deepinfer_recipe::protocol::ParsingOptions {
+        parse_tool_calls: false,
+        starts_in_tool_calls: false,
+        parse_json_output: false,
+        thinking: None,
+        stop_sequences: Vec::new(),
+    }
+}
+
+/// Fold parser events into the request's output; returns whether the caller wants more.
+fn apply_events<T>(
+    l: &mut Live<T>,
+    evs: Vec<Event>,
+    on_event: &mut impl FnMut(&StreamEvent) -> bool,
+) -> bool {
+    let mut keep = true;
+    for ev in evs {
+        match ev {
+            Event::Content(t) => {
+                keep &= on_event(&StreamEvent::Text {
+                    id: l.user_id,
+                    delta: t.clone(),
+                });
+                l.text.push_str(&t);
+            }
+            Event::Reasoning(t) => {
+                keep &= on_event(&StreamEvent::Reasoning {
+                    id: l.user_id,
+                    delta: t.clone(),
+                });
+                l.reasoning.push_str(&t);
+            }
+            Event::ToolCallStart { name, .. } => l.calls.push(ToolCallOut {
+                name,
+                arguments: String::new(),
+            }),
+            Event::ToolCallArgs { index, delta } => {
+                if let Some(c) = l.calls.get_mut(index) {
+                    c.arguments.push_str(&delta);
+                }
+            }
+            Event::ToolCallEnd { .. } => {}
+            Event::Finish { reason, .. } => l.parse_finish = Some(reason),
+        }
+    }
+    keep
+}
+
+fn finish<T>(mut l: Live<T>, f: Finished, now_ms: f64) -> Output {
+    let backend = match f.reason {
+        SchedFinish::Stop => Some(BackendFinish::Stop),
+        SchedFinish::Length => Some(BackendFinish::Length),
+        SchedFinish::Aborted => None,
+    };
+    if let Some(parser) = l.parser.take() {
+        let evs = parser.finish(backend);
+        apply_events(&mut l, evs, &mut |_| true);
+    }
+    let finish_reason = match (f.reason, l.parse_finish) {
+        (SchedFinish::Aborted, _) => FinishReason::Aborted,
+        (_, Some(ParseFinish::StopSequence)) => FinishReason::StopSequence,
+        (SchedFinish::Stop, Some(ParseFinish::ToolCalls)) => FinishReason::ToolCalls,
+        (SchedFinish::Stop, _) => FinishReason::Stop,
+        (SchedFinish::Length, _) => FinishReason::Length,
+    };
+    let completion_tokens = f.output.len();
+    Output {
+        id: l.user_id,
+        logprobs: l.params.logprobs.then_some(l.logprobs),
+        token_ids: f.output,
+        text: l.text,
+        reasoning: l.reasoning,
+        tool_calls: l.calls,
+        finish_reason,
+        usage: Usage {
+            prompt_tokens: l.prompt_len,
+            cached_tokens: l.cached.unwrap_or(0),
+            completion_tokens,
+        },
+        timing: Timing {
+            ttft_ms: l.first_token.unwrap_or(now_ms),
+            total_ms: if l.first_token.is_some() {
+                l.last_token
+            } else {
+                now_ms
+            },
+        },
+    }
+}

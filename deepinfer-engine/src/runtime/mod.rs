@@ -1,0 +1,19 @@
+//! The engine runtime: the step loop that composes `deepinfer-sched` (with `deepinfer-kv`),
+//! the model graphs, `deepinfer-sample` and `deepinfer-recipe`; the offline API
+//! ([`Engine::generate`], [`Engine::generate_stream`] with per-request abort); the OpenAI
+//! chat and Batch API layers; and the embedded default model.
+
+pub mod batch;
+pub mod chat;
+pub mod default_model;
+pub mod engine;
+mod prefix;
+pub mod request;
+
+pub use batch::{BatchSummary, SAMPLE_BATCH, run_batch};
+pub use chat::{ChatError, ChatFrontend, PreparedChat};
+pub use default_model::{DEFAULT_SEED, default_model_dir, load_default, materialize_default};
+pub use engine::{Engine, EngineConfig, EngineError, Metrics, StreamEvent};
+pub use request::{
+    FinishReason, GenParams, Output, Request, RequestId, Timing, TokenLogprob, ToolCallOut, Usage,
+};

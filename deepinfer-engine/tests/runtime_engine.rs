@@ -1,0 +1,251 @@
+//! End-to-end tests of the step loop on the `v41-tiny-dev` fixture (token level, no
+//! tokenizer): reproducibility across batch composition and order, prefix-cache hits,
+//! preemption under memory pressure, stop tokens, abort, per-request errors.
+#![cfg(feature = "runtime")]
+
+use deepinfer_engine::Model;
+use deepinfer_engine::runtime::{
+    Engine, EngineConfig, FinishReason, GenParams, Output, Request, StreamEvent,
+};
+use deepinfer_kernels::CpuBackend;
+use deepinfer_sample::SamplingParams;
+use std::path::PathBuf;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/v41-tiny-dev")
+}
+
+fn engine(cfg: EngineConfig) -> Engine<CpuBackend> {
+    let model = Model::load(&fixture(), CpuBackend::batch_invariant()).expect("fixture loads");
+    Engine::new(model, cfg).expect("engine")
+}
+
+/// Deterministic pseudo-random prompt of `len` tokens below the fixture's vocabulary (512).
+fn prompt(seed: u64, len: usize) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 500) as u32 + 3
+        })
+        .collect()
+}
+
+fn sampled(seed: u64, max_tokens: usize) -> GenParams {
+    GenParams {
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_k: 50,
+            top_p: 0.95,
+            seed,
+            top_logprobs: 2,
+            ..SamplingParams::default()
+        },
+        max_tokens,
+        logprobs: true,
+        ..GenParams::default()
+    }
+}
+
+fn by_id(outs: &[Output], id: u64) -> &Output {
+    outs.iter().find(|o| o.id == id).expect("output present")
+}
+
+#[test]
+fn request_alone_in_a_batch_of_64_and_shuffled_gives_identical_tokens_and_logprobs() {
+    let target = Request::new(1000, prompt(1, 23), sampled(42, 12));
+    let others: Vec<Request> = (0..64u64)
+        .map(|i| {
+            Request::new(
+                i,
+                prompt(100 + i, 3 + (i as usize * 7) % 41),
+                sampled(i, 4 + (i as usize % 9)),
+            )
+        })
+        .collect();
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 512,
+        ..EngineConfig::default()
+    };
+    let alone = engine(cfg.clone()).generate(vec![target.clone()]).unwrap();
+    let mut batch = others.clone();
+    batch.insert(17, target.clone());
+    let in_batch = engine(cfg.clone()).generate(batch.clone()).unwrap();
+    batch.reverse();
+    batch.rotate_left(5);
+    let shuffled = engine(cfg).generate(batch).unwrap();
+    let a = by_id(&alone, 1000);
+    assert_eq!(a.token_ids.len(), 12);
+    assert!(a.logprobs.as_ref().is_some_and(|l| l.len() == 12));
+    for o in [by_id(&in_batch, 1000), by_id(&shuffled, 1000)] {
+        assert_eq!(o.token_ids, a.token_ids);
+        assert_eq!(
+            o.logprobs, a.logprobs,
+            "log-probabilities must be bit-identical"
+        );
+    }
+    // Every batch-mate is also order-independent.
+    for i in 0..64 {
+        assert_eq!(
+            by_id(&in_batch, i).token_ids,
+            by_id(&shuffled, i).token_ids,
+            "request {i}"
+        );
+    }
+}
+
+#[test]
+fn prefix_cache_hit_gives_the_cold_output_and_shows_in_metrics() {
+    let cfg = EngineConfig {
+        block_size: 8,
+        ..EngineConfig::default()
+    };
+    let p = prompt(7, 61);
+    let req = |id| Request::new(id, p.clone(), sampled(5, 10));
+    let mut cold_engine = engine(EngineConfig {
+        prefix_caching: false,
+        ..cfg.clone()
+    });
+    let cold = cold_engine.generate(vec![req(1)]).unwrap().remove(0);
+    assert_eq!(cold.usage.cached_tokens, 0);
+
+    let mut e = engine(cfg);
+    let first = e.generate(vec![req(1)]).unwrap().remove(0);
+    assert_eq!(first.usage.cached_tokens, 0);
+    let hot = e.generate(vec![req(2)]).unwrap().remove(0);
+    // 61 tokens, window 8: at most 61 - 8 = 53 → 48 tokens (6 blocks) from the cache.
+    assert_eq!(hot.usage.cached_tokens, 48);
+    let m = e.metrics();
+    assert_eq!(m.cached_prompt_tokens, 48);
+    assert!(m.state_snapshot_hits >= 1, "{m:?}");
+    assert_eq!(m.replayed_tokens, 0, "the snapshot sits exactly at the hit");
+    assert_eq!(hot.token_ids, cold.token_ids);
+    assert_eq!(hot.logprobs, cold.logprobs);
+    assert_eq!(first.token_ids, cold.token_ids);
+
+    // A prompt sharing only a prefix resumes from a shorter hit by replaying from the
+    // nearest snapshot (or the start); the output is still exact.
+    let mut q = p[..40].to_vec();
+    q.extend(prompt(9, 30));
+    let cold_q = cold_engine
+        .generate(vec![Request::new(3, q.clone(), sampled(6, 8))])
+        .unwrap()
+        .remove(0);
+    let hot_q = e
+        .generate(vec![Request::new(3, q, sampled(6, 8))])
+        .unwrap()
+        .remove(0);
+    assert!(hot_q.usage.cached_tokens > 0);
+    assert_eq!(hot_q.token_ids, cold_q.token_ids);
+    assert_eq!(hot_q.logprobs, cold_q.logprobs);
+}
+
+#[test]
+fn memory_pressure_preempts_and_every_request_completes_with_the_same_output() {
+    let reqs: Vec<Request> = (0..8u64)
+        .map(|i| Request::new(i, prompt(300 + i, 20 + i as usize), sampled(i, 30)))
+        .collect();
+    let ample = engine(EngineConfig {
+        block_size: 8,
+        ..EngineConfig::default()
+    })
+    .generate(reqs.clone())
+    .unwrap();
+    // Each request needs 7-8 blocks of 8 tokens at the end; 8 requests cannot all fit 24.
+    let mut tight = engine(EngineConfig {
+        block_size: 8,
+        num_blocks: 24,
+        ..EngineConfig::default()
+    });
+    let squeezed = tight.generate(reqs).unwrap();
+    assert!(
+        tight.metrics().preemptions > 0,
+        "the pool was meant to be too small"
+    );
+    for (a, b) in ample.iter().zip(&squeezed) {
+        assert_eq!(a.id, b.id);
+        assert_eq!(b.token_ids.len(), 30);
+        assert_eq!(a.token_ids, b.token_ids, "request {}", a.id);
+        assert_eq!(a.logprobs, b.logprobs, "request {}", a.id);
+    }
+}
+
+#[test]
+fn stop_tokens_end_the_request_and_are_kept() {
+    let mut e = engine(EngineConfig::default());
+    let p = prompt(11, 9);
+    let free = e
+        .generate(vec![Request::new(1, p.clone(), GenParams::greedy(16))])
+        .unwrap()
+        .remove(0);
+    assert_eq!(free.finish_reason, FinishReason::Length);
+    let stop = free.token_ids[4];
+    let first = free.token_ids.iter().position(|&t| t == stop).unwrap();
+    let mut params = GenParams::greedy(16);
+    params.stop_token_ids = vec![stop];
+    let stopped = e
+        .generate(vec![Request::new(2, p, params)])
+        .unwrap()
+        .remove(0);
+    assert_eq!(stopped.finish_reason, FinishReason::Stop);
+    assert_eq!(stopped.token_ids, free.token_ids[..=first].to_vec());
+}
+
+#[test]
+fn streaming_abort_finishes_one_request_early_and_the_others_complete() {
+    let mut e = engine(EngineConfig::default());
+    let reqs: Vec<Request> = (0..4u64)
+        .map(|i| Request::new(i, prompt(i, 10), sampled(i, 12)))
+        .collect();
+    let mut finished = Vec::new();
+    let mut tokens_of_2 = 0;
+    e.generate_stream(reqs, |ev| {
+        match ev {
+            StreamEvent::Token { id: 2, .. } => {
+                tokens_of_2 += 1;
+                return tokens_of_2 < 3;
+            }
+            StreamEvent::Finished(o) => finished.push((**o).clone()),
+            _ => {}
+        }
+        true
+    })
+    .unwrap();
+    assert_eq!(finished.len(), 4);
+    for o in &finished {
+        if o.id == 2 {
+            assert_eq!(o.finish_reason, FinishReason::Aborted);
+            assert_eq!(o.token_ids.len(), 3);
+        } else {
+            assert_eq!(o.finish_reason, FinishReason::Length);
+            assert_eq!(o.token_ids.len(), 12);
+        }
+    }
+}
+
+#[test]
+fn invalid_requests_fail_alone() {
+    let mut e = engine(EngineConfig::default());
+    let reqs = vec![
+        Request::new(1, prompt(1, 5), GenParams::greedy(3)),
+        Request::new(2, vec![1, 2, 9999], GenParams::greedy(3)),
+        Request::new(3, vec![], GenParams::greedy(3)),
+        Request::new(4, prompt(4, 5), GenParams::greedy(0)),
+        Request::new(5, prompt(5, 5), GenParams::greedy(3)),
+    ];
+    let res = e.generate_each(reqs).unwrap();
+    assert!(res[0].is_ok() && res[4].is_ok());
+    for (i, r) in res.iter().enumerate().skip(1).take(3) {
+        let msg = r.as_ref().unwrap_err().to_string();
+        assert!(msg.starts_with(&format!("request {}", i + 1)), "{msg}");
+    }
+    assert!(
+        res[1]
+            .as_ref()
+            .unwrap_err()
+            .to_string()
+            .contains("outside the vocabulary")
+    );
+}
