@@ -249,3 +249,51 @@ fn invalid_requests_fail_alone() {
             .contains("outside the vocabulary")
     );
 }
+
+#[test]
+fn greedy_with_dspark_drafts_equals_greedy_without() {
+    let reqs: Vec<Request> = (0..6u64)
+        .map(|i| {
+            Request::new(
+                i,
+                prompt(500 + i, 5 + 9 * i as usize),
+                GenParams::greedy(20),
+            )
+        })
+        .collect();
+    let plain = engine(EngineConfig::default())
+        .generate(reqs.clone())
+        .unwrap();
+    for k in [1, 3, 5] {
+        let mut e = engine(EngineConfig {
+            spec_drafts: k,
+            ..EngineConfig::default()
+        });
+        let spec = e.generate(reqs.clone()).unwrap();
+        let m = e.metrics();
+        assert!(m.spec_rows > 0 && m.draft_tokens > 0, "{m:?}");
+        for (a, b) in plain.iter().zip(&spec) {
+            assert_eq!(a.token_ids, b.token_ids, "request {} with {k} drafts", a.id);
+        }
+    }
+}
+
+#[test]
+fn sampled_speculation_is_order_independent_and_respects_limits() {
+    let reqs: Vec<Request> = (0..6u64)
+        .map(|i| Request::new(i, prompt(700 + i, 6 + 5 * i as usize), sampled(i, 15)))
+        .collect();
+    let cfg = EngineConfig {
+        spec_drafts: 3,
+        ..EngineConfig::default()
+    };
+    let a = engine(cfg.clone()).generate(reqs.clone()).unwrap();
+    let mut rev = reqs;
+    rev.reverse();
+    let b = engine(cfg).generate(rev).unwrap();
+    for o in &a {
+        assert_eq!(o.token_ids.len(), 15);
+        assert_eq!(o.logprobs.as_ref().map(Vec::len), Some(15));
+        assert_eq!(o.token_ids, by_id(&b, o.id).token_ids);
+    }
+}

@@ -56,6 +56,10 @@ pub struct GenerateArgs {
     /// Most tokens per step.
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
+    /// DSpark drafts verified per decode step (fixed-length verification; 0 = off; the model
+    /// needs the drafter, as the embedded default has).
+    #[arg(long, default_value_t = 0)]
+    pub spec_drafts: usize,
     /// Disable prefix caching.
     #[arg(long)]
     pub no_prefix_cache: bool,
@@ -118,6 +122,7 @@ pub fn run(a: &GenerateArgs) -> CliResult {
         max_num_seqs: a.max_num_seqs,
         max_num_batched_tokens: a.max_num_batched_tokens,
         prefix_caching: !a.no_prefix_cache,
+        spec_drafts: a.spec_drafts,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(model, cfg)?.with_tokenizer(front.tokenizer().clone());
@@ -224,6 +229,17 @@ pub fn run(a: &GenerateArgs) -> CliResult {
         m.cached_prompt_tokens,
         m.preemptions
     );
+    if m.spec_rows > 0 {
+        eprintln!(
+            "speculation: {} drafts per step, acceptance {:.1}% ({} of {}), {:.2} tokens per verified row, drafting {:.0} ms",
+            a.spec_drafts,
+            100.0 * m.accepted_drafts as f64 / m.draft_tokens.max(1) as f64,
+            m.accepted_drafts,
+            m.draft_tokens,
+            1.0 + m.accepted_drafts as f64 / m.spec_rows as f64,
+            m.draft_ms
+        );
+    }
     if let Some(path) = out_path {
         println!("outputs written to {}", path.display());
     }

@@ -15,10 +15,12 @@ use deepinfer_kernels::Backend;
 use deepinfer_kv::{BlockManager, BlockManagerConfig, HitRule};
 use deepinfer_recipe::parser::{BackendFinish, Event, FinishReason as ParseFinish};
 use deepinfer_recipe::{PromptTokenizer, StreamParser};
-use deepinfer_sample::{SampleError, SampleRequest, sample_batch};
+use deepinfer_sample::{
+    SampleError, SampleRequest, VerifyMode, VerifyRequest, sample_batch, verify,
+};
 use deepinfer_sched::{
     FinishReason as SchedFinish, Finished, NewRequest, SchedError, Scheduler, SchedulerConfig,
-    StepOutput,
+    SpecMode, StepOutput,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,6 +43,10 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Most prefix model-state snapshots kept (LRU).
     pub prefix_state_capacity: usize,
+    /// DSpark drafts verified per decode row (fixed-length verification, so a request's path
+    /// does not depend on its batch-mates); 0 turns speculation off. Needs a model with the
+    /// drafter; at most its block size.
+    pub spec_drafts: usize,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +59,7 @@ impl Default for EngineConfig {
             max_model_len: 8192,
             prefix_caching: true,
             prefix_state_capacity: 512,
+            spec_drafts: 0,
         }
     }
 }
@@ -106,10 +113,18 @@ pub struct Metrics {
     pub preemptions: u64,
     /// Prefix model-state snapshots held now.
     pub prefix_states: usize,
+    /// Draft tokens proposed by the drafter.
+    pub draft_tokens: u64,
+    /// Draft tokens accepted by verification.
+    pub accepted_drafts: u64,
+    /// Decode rows that verified drafts.
+    pub spec_rows: u64,
     /// Time in the model's forward, ms.
     pub forward_ms: f64,
-    /// Time in the sampler, ms.
+    /// Time in the sampler and draft verification, ms.
     pub sample_ms: f64,
+    /// Time in the DSpark drafter, ms.
+    pub draft_ms: f64,
     /// Time in `schedule` + `update`, ms.
     pub sched_ms: f64,
     /// Time in the stream parser and output bookkeeping, ms.
@@ -178,13 +193,20 @@ struct Live<T> {
     last_token: f64,
 }
 
-/// A piece of one row group: rows `from .. to` of the request's token history.
+/// A piece of one row group: rows `from .. to` of the request's token history, then
+/// `extra` (draft tokens being verified, or accepted drafts being re-run after a rollback).
 struct Piece {
     sid: u64,
     from: usize,
     to: usize,
     samples: bool,
+    extra: Vec<u32>,
+    /// A decode row verifying `extra` as drafts (logits of every row are kept).
+    spec: bool,
 }
+
+/// One generated token with its log-probabilities.
+type Tok = (u32, f32, Vec<(u32, f32)>);
 
 /// The engine: a model on a backend plus scheduler, sampler and (optionally) a tokenizer.
 pub struct Engine<B: Backend> {
@@ -221,6 +243,20 @@ where
                 "num_blocks and block_size must be positive".into(),
             ));
         }
+        if cfg.spec_drafts > 0 {
+            let block = model.cfg.dspark.as_ref().map(|d| d.block_size).unwrap_or(0);
+            if !model.has_drafter() || cfg.spec_drafts > block {
+                return Err(EngineError::Config(format!(
+                    "spec_drafts {} needs a DSpark drafter with at least that block size (this model: {})",
+                    cfg.spec_drafts,
+                    if model.has_drafter() {
+                        format!("block {block}")
+                    } else {
+                        "no drafter".into()
+                    }
+                )));
+            }
+        }
         let sched = Self::make_scheduler(&model, &cfg)?;
         let prefix = PrefixStates::new(
             cfg.block_size,
@@ -245,16 +281,18 @@ where
         let mut kv = BlockManagerConfig::new(cfg.num_blocks, cfg.block_size);
         kv.enable_prefix_caching = cfg.prefix_caching;
         // The last window of a prompt is always recomputed (DESIGN.md prefix-hit rule).
-        kv.hit_rule = HitRule {
-            window: model.cfg.sliding_window,
-            spec_slack: 0,
-        };
+        kv.hit_rule = hit_rule(model, cfg);
         let kv = BlockManager::new(kv).map_err(SchedError::from)?;
         let sc = SchedulerConfig {
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             max_num_seqs: cfg.max_num_seqs,
             max_model_len: cfg.max_model_len,
             max_chunk_tokens: cfg.max_num_batched_tokens,
+            spec: if cfg.spec_drafts > 0 {
+                SpecMode::Fixed(cfg.spec_drafts)
+            } else {
+                SpecMode::Off
+            },
             ..SchedulerConfig::default()
         };
         Ok(Scheduler::new(sc, kv)?)
@@ -408,11 +446,8 @@ where
                 (Some(tok), None) => Some(StreamParser::new(tok.clone(), &plain_parsing())),
                 _ => None,
             };
-            let cut = HitRule {
-                window: self.model.cfg.sliding_window,
-                spec_slack: 0,
-            }
-            .max_reusable_tokens(r.prompt.len(), self.cfg.block_size);
+            let cut = hit_rule(&self.model, &self.cfg)
+                .max_reusable_tokens(r.prompt.len(), self.cfg.block_size);
             live.insert(
                 sid,
                 Live {
@@ -453,13 +488,15 @@ where
             let groups = plan
                 .prefill
                 .iter()
-                .map(|c| (c.request, c.start, c.start + c.len, c.samples))
+                .map(|c| (c.request, c.start, c.start + c.len, c.samples, 0))
                 .chain(
                     plan.decode
                         .iter()
-                        .map(|d| (d.request, d.position, d.position + 1, true)),
+                        .map(|d| (d.request, d.position, d.position + 1, true, d.drafts)),
                 );
-            for (sid, start, end, samples) in groups {
+            let mut spec_snaps: HashMap<u64, SeqState<B::Tensor>> = HashMap::new();
+            let mut draft_q: HashMap<u64, Vec<f32>> = HashMap::new();
+            for (sid, start, end, samples, drafts) in groups {
                 let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
                 if l.cached.is_none() {
                     l.cached = Some(start);
@@ -482,6 +519,35 @@ where
                     l.state = Some(st);
                 }
                 let from = l.state.as_ref().map(|s| s.pos).unwrap_or(0);
+                if drafts > 0 && from == start {
+                    // Draft from the state before the anchor, keep it for the rollback.
+                    let st = l.state.as_ref().ok_or(SchedError::UnknownRequest(sid))?;
+                    let anchor = self
+                        .sched
+                        .tokens(sid)
+                        .and_then(|t| t.get(start).copied())
+                        .ok_or(SchedError::UnknownRequest(sid))?;
+                    let td = Instant::now();
+                    let d = self.model.draft(st, anchor)?;
+                    spec_snaps.insert(sid, st.clone());
+                    let extra = d.draft_ids[..drafts].to_vec();
+                    self.metrics.draft_tokens += drafts as u64;
+                    self.metrics.spec_rows += 1;
+                    draft_q.insert(
+                        sid,
+                        softmax_rows(&d.logits, self.model.cfg.vocab_size, drafts),
+                    );
+                    self.metrics.draft_ms += ms_since(td);
+                    pieces.push(Piece {
+                        sid,
+                        from,
+                        to: end,
+                        samples,
+                        extra,
+                        spec: true,
+                    });
+                    continue;
+                }
                 // Split at the snapshot point so a later identical prefix can resume there.
                 if self.cfg.prefix_caching && from < l.cut && l.cut < end {
                     pieces.push(Piece {
@@ -489,12 +555,16 @@ where
                         from,
                         to: l.cut,
                         samples: false,
+                        extra: Vec::new(),
+                        spec: false,
                     });
                     pieces.push(Piece {
                         sid,
                         from: l.cut,
                         to: end,
                         samples,
+                        extra: Vec::new(),
+                        spec: false,
                     });
                 } else {
                     pieces.push(Piece {
@@ -502,6 +572,8 @@ where
                         from,
                         to: end,
                         samples,
+                        extra: Vec::new(),
+                        spec: false,
                     });
                 }
             }
@@ -509,25 +581,90 @@ where
             let mut logits: HashMap<u64, Vec<f32>> = HashMap::new();
             let mut phase: Vec<&Piece> = Vec::new();
             let mut second: Vec<&Piece> = Vec::new();
+            let mut spec: Vec<&Piece> = Vec::new();
             for (i, p) in pieces.iter().enumerate() {
-                if i > 0 && pieces[i - 1].sid == p.sid {
+                if p.spec {
+                    spec.push(p);
+                } else if i > 0 && pieces[i - 1].sid == p.sid {
                     second.push(p);
                 } else {
                     phase.push(p);
                 }
             }
-            for group in [phase, second] {
+            for (group, which) in [
+                (phase, Logits::Last),
+                (second, Logits::Last),
+                (spec, Logits::All),
+            ] {
                 if group.is_empty() {
                     continue;
                 }
-                self.forward_group(&group, &mut live, &mut logits)?;
+                self.forward_group(&group, which, &mut live, &mut logits)?;
+            }
+            // Verify drafts (fixed length: each row's path depends on its own data only).
+            let tv = Instant::now();
+            let mut verified: HashMap<u64, Vec<Tok>> = HashMap::new();
+            let mut rollbacks = Vec::new();
+            for p in pieces.iter().filter(|p| p.spec) {
+                let l = &live[&p.sid];
+                let toks = self
+                    .sched
+                    .tokens(p.sid)
+                    .ok_or(SchedError::UnknownRequest(p.sid))?;
+                let sp = &l.params.sampling;
+                let req = VerifyRequest {
+                    target_logits: logits[&p.sid].as_slice(),
+                    vocab: self.model.cfg.vocab_size,
+                    draft_tokens: &p.extra,
+                    draft_probs: draft_q.get(&p.sid).map(Vec::as_slice),
+                    masks: None,
+                    history: &toks[l.prompt_len.min(toks.len())..],
+                    position: p.to as u64,
+                    params: sp,
+                    mode: if sp.temperature <= 0.0 {
+                        VerifyMode::Greedy
+                    } else {
+                        VerifyMode::Stochastic
+                    },
+                };
+                let vo = verify(&req)?;
+                self.metrics.accepted_drafts += vo.accepted as u64;
+                if vo.accepted < p.extra.len() {
+                    rollbacks.push(Piece {
+                        sid: p.sid,
+                        from: p.from,
+                        to: p.to,
+                        samples: false,
+                        extra: p.extra[..vo.accepted].to_vec(),
+                        spec: false,
+                    });
+                    if let (Some(l), Some(snap)) = (live.get_mut(&p.sid), spec_snaps.remove(&p.sid))
+                    {
+                        l.state = Some(snap);
+                    }
+                }
+                verified.insert(
+                    p.sid,
+                    vo.tokens
+                        .iter()
+                        .zip(&vo.logprobs)
+                        .map(|(&t, &lp)| (t, lp, Vec::new()))
+                        .collect(),
+                );
+            }
+            self.metrics.sample_ms += ms_since(tv);
+            if !rollbacks.is_empty() {
+                // Re-run the accepted prefix on the pre-draft state (exact state, no drafts).
+                let group: Vec<&Piece> = rollbacks.iter().collect();
+                let mut unused = HashMap::new();
+                self.forward_group(&group, Logits::Last, &mut live, &mut unused)?;
             }
             // Sample every row that samples.
             let tsm = Instant::now();
             let mut rows = Vec::new();
             let mut row_sids = Vec::new();
             let empty: Vec<u32> = Vec::new();
-            for p in pieces.iter().filter(|p| p.samples) {
+            for p in pieces.iter().filter(|p| p.samples && !p.spec) {
                 let l = &live[&p.sid];
                 let hist = self
                     .sched
@@ -552,45 +689,55 @@ where
             let mut aborts = Vec::new();
             let mut si = 0;
             for sid in plan.requests() {
-                let samples = pieces
-                    .iter()
-                    .rev()
-                    .find(|p| p.sid == sid)
-                    .is_some_and(|p| p.samples);
-                if !samples {
-                    out.push(sid, &[], false);
+                let Some(piece) = pieces.iter().rev().find(|p| p.sid == sid) else {
                     continue;
-                }
-                let s = sampled[si].clone()?;
-                si += 1;
+                };
+                let mut toks: Vec<Tok> = if piece.spec {
+                    verified.remove(&sid).unwrap_or_default()
+                } else if piece.samples {
+                    let s = sampled[si].clone()?;
+                    si += 1;
+                    vec![(s.token, s.logprob, s.top_logprobs)]
+                } else {
+                    Vec::new()
+                };
                 let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
-                self.metrics.generated_tokens += 1;
-                l.first_token.get_or_insert(now);
-                l.last_token = now;
-                if l.params.logprobs {
-                    l.logprobs.push(TokenLogprob {
-                        token: s.token,
-                        logprob: s.logprob,
-                        top: s.top_logprobs.clone(),
-                    });
+                // Keep a stop token, drop what a verified block produced after it.
+                if let Some(j) = toks.iter().position(|t| l.stop_tokens.contains(&t.0)) {
+                    toks.truncate(j + 1);
                 }
-                let mut keep = on_event(&StreamEvent::Token {
-                    id: l.user_id,
-                    token: s.token,
-                    logprob: s.logprob,
-                });
+                let mut keep = true;
                 let mut stop = false;
-                if !l.stop_tokens.contains(&s.token)
-                    && let Some(parser) = l.parser.as_mut()
-                {
-                    let evs = parser.push_tokens(&[s.token]);
-                    stop = parser.is_stopped();
-                    keep &= apply_events(l, evs, &mut on_event);
+                for (token, logprob, top) in &toks {
+                    self.metrics.generated_tokens += 1;
+                    l.first_token.get_or_insert(now);
+                    l.last_token = now;
+                    if l.params.logprobs {
+                        l.logprobs.push(TokenLogprob {
+                            token: *token,
+                            logprob: *logprob,
+                            top: top.clone(),
+                        });
+                    }
+                    keep &= on_event(&StreamEvent::Token {
+                        id: l.user_id,
+                        token: *token,
+                        logprob: *logprob,
+                    });
+                    if !stop
+                        && !l.stop_tokens.contains(token)
+                        && let Some(parser) = l.parser.as_mut()
+                    {
+                        let evs = parser.push_tokens(&[*token]);
+                        stop = parser.is_stopped();
+                        keep &= apply_events(l, evs, &mut on_event);
+                    }
                 }
                 if !keep {
                     aborts.push(sid);
                 }
-                out.push(sid, &[s.token], stop);
+                let ids: Vec<u32> = toks.iter().map(|t| t.0).collect();
+                out.push(sid, &ids, stop);
             }
             self.metrics.post_ms += ms_since(tp);
             let tu = Instant::now();
@@ -620,6 +767,7 @@ where
     fn forward_group(
         &mut self,
         group: &[&Piece],
+        which: Logits,
         live: &mut HashMap<u64, Live<B::Tensor>>,
         logits: &mut HashMap<u64, Vec<f32>>,
     ) -> Result<(), EngineError> {
@@ -634,7 +782,9 @@ where
                 .sched
                 .tokens(p.sid)
                 .ok_or(SchedError::UnknownRequest(p.sid))?;
-            toks.push(all[p.from..p.to].to_vec());
+            let mut t = all[p.from..p.to].to_vec();
+            t.extend_from_slice(&p.extra);
+            toks.push(t);
             states.push(st);
         }
         let tf = Instant::now();
@@ -644,14 +794,23 @@ where
                 .zip(&toks)
                 .map(|(state, t)| BatchItem { state, tokens: t })
                 .collect();
-            self.model.forward(&mut items, Logits::Last, None)
+            self.model.forward(&mut items, which, None)
         };
         self.metrics.forward_ms += ms_since(tf);
         self.metrics.forward_calls += 1;
         self.metrics.forward_tokens += toks.iter().map(|t| t.len() as u64).sum::<u64>();
         let rows = res?;
-        for ((p, st), row) in group.iter().zip(states).zip(rows) {
-            if self.cfg.prefix_caching && st.pos.is_multiple_of(self.cfg.block_size) {
+        let v = self.model.cfg.vocab_size;
+        for ((p, st), mut row) in group.iter().zip(states).zip(rows) {
+            if which == Logits::All {
+                // Keep the rows of the decode input and its drafts (replayed rows come first).
+                let keep = (1 + p.extra.len()) * v;
+                row.drain(..row.len().saturating_sub(keep));
+            }
+            if self.cfg.prefix_caching
+                && p.extra.is_empty()
+                && st.pos.is_multiple_of(self.cfg.block_size)
+            {
                 let all = self
                     .sched
                     .tokens(p.sid)
@@ -665,6 +824,25 @@ where
         }
         Ok(())
     }
+}
+
+/// The prefix-hit rule: the last window (plus the speculative slack) is always recomputed.
+fn hit_rule<B: Backend>(model: &Model<B>, cfg: &EngineConfig) -> HitRule {
+    HitRule {
+        window: model.cfg.sliding_window,
+        spec_slack: cfg.spec_drafts,
+    }
+}
+
+/// Softmax of the first `rows` rows of `[_, v]` logits (the draft distributions).
+fn softmax_rows(logits: &[f32], v: usize, rows: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * v);
+    for r in logits.chunks_exact(v).take(rows) {
+        let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = r.iter().map(|&x| ((x - m) as f64).exp()).sum();
+        out.extend(r.iter().map(|&x| (((x - m) as f64).exp() / z) as f32));
+    }
+    out
 }
 
 /// Content-only parsing (no thinking, no tools, no stop sequences).
