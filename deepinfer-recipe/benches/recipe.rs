@@ -1,7 +1,8 @@
 //! Benchmarks: 1M-token prompt encoding (parallel vs one sequential pass),
-//! stream parser throughput, render + encode of the golden-dev requests side
-//! by side with `deepseek-recipe-encoding` 0.2.0, and grammar compile /
-//! mask-fill time for the golden-dev JSON schemas.
+//! stream parser throughput, render + encode of the golden-dev requests (the
+//! side-by-side run with `deepseek-recipe-encoding` 0.2.0 is in
+//! `reference-check/`), and grammar compile / mask-fill time for the
+//! golden-dev JSON schemas.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -10,7 +11,6 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::reference::to_reference;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use deepinfer_recipe::grammar::{GrammarBackend, GrammarSpec, GrammarVocab, RegexBackend};
 use deepinfer_recipe::protocol::chat::ChatRequest;
@@ -18,9 +18,6 @@ use deepinfer_recipe::protocol::{ConversionOptions, ParsingOptions, ThinkingStar
 use deepinfer_recipe::{
     Conversation, Message, PromptFormat, PromptTokenizer, Renderer, SpecialToken, StreamParser,
 };
-use deepseek_recipe_encoding::dsv4::DeepseekV4Encoding;
-use deepseek_recipe_encoding::dsv41::DeepseekV41Encoding;
-use deepseek_recipe_encoding::{PromptEncoding, PromptTokenizer as RefTokenizer};
 
 /// Deterministic prose with paragraphs, code and CJK, about `tokens` tokens.
 fn corpus(tokenizer: &PromptTokenizer, tokens: usize) -> String {
@@ -144,6 +141,8 @@ fn stream_parser(c: &mut Criterion) {
 }
 
 fn golden_render_encode(c: &mut Criterion) {
+    // The side-by-side run against `deepseek-recipe-encoding` 0.2.0 lives in
+    // `reference-check/benches/side_by_side.rs` (outside the workspace).
     let tokenizer = tokenizer_with_system();
     let conversations: Vec<(PromptFormat, Conversation)> = common::golden_requests()
         .iter()
@@ -155,37 +154,6 @@ fn golden_render_encode(c: &mut Criterion) {
             (converted.format, converted.conversation)
         })
         .collect();
-    let references: Vec<_> = conversations
-        .iter()
-        .map(|(f, c)| (*f, to_reference(c)))
-        .collect();
-    let mut reference_tokenizer =
-        tokenizers_ref::Tokenizer::from_bytes(tokenizer_json()).expect("reference tokenizer loads");
-    reference_tokenizer
-        .add_special_tokens(vec![tokenizers_ref::AddedToken::from(
-            SpecialToken::System.deepseek_spelling(),
-            true,
-        )])
-        .expect("the system token is added");
-    let reference_v4 =
-        DeepseekV4Encoding::new().with_tokenizer(RefTokenizer::new(&reference_tokenizer));
-    let reference_v41 =
-        DeepseekV41Encoding::new().with_tokenizer(RefTokenizer::new(&reference_tokenizer));
-    // Same ids on both sides (the reference gives <｜System｜> the next id).
-    assert_eq!(
-        reference_tokenizer.token_to_id(SpecialToken::System.deepseek_spelling()),
-        Some(129_280)
-    );
-    for ((format, ours), (_, theirs)) in conversations.iter().zip(&references) {
-        let our_ids = tokenizer
-            .encode(&Renderer::new(*format).render(ours))
-            .unwrap();
-        let their_ids = match format {
-            PromptFormat::V4 => reference_v4.encode(theirs).unwrap(),
-            PromptFormat::V41 => reference_v41.encode(theirs).unwrap(),
-        };
-        assert_eq!(our_ids, their_ids);
-    }
     let mut group = c.benchmark_group("golden_dev_render_encode");
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(2));
@@ -200,28 +168,7 @@ fn golden_render_encode(c: &mut Criterion) {
             total
         })
     });
-    group.bench_function("deepseek_recipe_0_2_0", |b| {
-        b.iter(|| {
-            let mut total = 0;
-            for (format, conversation) in &references {
-                total += match format {
-                    PromptFormat::V4 => reference_v4.encode(conversation).unwrap().len(),
-                    PromptFormat::V41 => reference_v41.encode(conversation).unwrap().len(),
-                };
-            }
-            total
-        })
-    });
     group.finish();
-}
-
-fn tokenizer_json() -> Vec<u8> {
-    use std::io::Read;
-    let mut json = Vec::new();
-    flate2::read::GzDecoder::new(&include_bytes!("../data/deepseek-v4-tokenizer.json.gz")[..])
-        .read_to_end(&mut json)
-        .unwrap();
-    json
 }
 
 fn grammar(c: &mut Criterion) {

@@ -4,8 +4,6 @@
 
 #![allow(dead_code)]
 
-pub mod reference;
-
 use std::io::Read;
 use std::sync::{Arc, OnceLock};
 

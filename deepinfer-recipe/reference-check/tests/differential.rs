@@ -1,9 +1,11 @@
 //! Differential property test: random conversations render to the same text
 //! and special ranges as DeepSeek's `deepseek-recipe-encoding` 0.2.0.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
+mod reference;
 
-use common::reference::{reference_render, to_reference};
+use reference::{reference_render, to_reference};
 use deepinfer_recipe::conversation::{
     Content, Conversation, ImageRef, Message, Part, ReasoningEffort, ResponseFormat, ToolCall,
     ToolChoice, ToolDefinition,
