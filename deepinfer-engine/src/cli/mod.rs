@@ -2,6 +2,8 @@
 //! clap `Args` struct and a `run` function; `main` only dispatches.
 
 #[cfg(feature = "runtime")]
+pub mod bench;
+#[cfg(feature = "runtime")]
 pub mod generate;
 pub mod score;
 
@@ -24,6 +26,9 @@ pub enum Command {
     /// Generate completions (OpenAI Batch JSONL, a quick prompt, or the built-in sample batch).
     #[cfg(feature = "runtime")]
     Generate(generate::GenerateArgs),
+    /// Offline throughput at several concurrencies: table, JSON and SVG chart.
+    #[cfg(feature = "runtime")]
+    Bench(bench::BenchArgs),
 }
 
 /// Errors of the command line, printed as one line.
@@ -35,5 +40,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Score(a) => score::run(&a),
         #[cfg(feature = "runtime")]
         Command::Generate(a) => generate::run(&a),
+        #[cfg(feature = "runtime")]
+        Command::Bench(a) => bench::run(&a),
     }
 }

@@ -4,6 +4,7 @@
 //! chat and Batch API layers; and the embedded default model.
 
 pub mod batch;
+pub mod bench;
 pub mod chat;
 pub mod default_model;
 pub mod engine;

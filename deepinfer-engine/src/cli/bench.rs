@@ -1,0 +1,104 @@
+//! `deepinfer bench`: offline runs at several concurrencies on the given or embedded model;
+//! prints a table and writes JSON and an SVG chart.
+
+use super::CliResult;
+use crate::model::Model;
+use crate::runtime::bench::{bench_json, bench_svg, bench_table, run_bench};
+use crate::runtime::{DEFAULT_SEED, Engine, EngineConfig, default_model_dir, materialize_default};
+use clap::Args;
+use deepinfer_kernels::{CpuBackend, CpuConfig};
+use std::path::PathBuf;
+
+/// Arguments of `deepinfer bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Model directory (default: the embedded tiny V4.1 model with random weights).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Concurrency levels.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 4, 16, 64])]
+    pub concurrency: Vec<usize>,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 64)]
+    pub prompt_len: usize,
+    /// New tokens per request.
+    #[arg(long, default_value_t = 32)]
+    pub new_tokens: usize,
+    /// DSpark drafts per decode step (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub spec_drafts: usize,
+    /// Batch-invariant kernels.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Output prefix: writes PREFIX.json and PREFIX.svg.
+    #[arg(long, default_value = "deepinfer-bench")]
+    pub output: PathBuf,
+}
+
+/// Run `deepinfer bench`.
+pub fn run(a: &BenchArgs) -> CliResult {
+    let be = CpuBackend::with_config(CpuConfig {
+        batch_invariant: a.deterministic,
+        threads: a.threads,
+    })?;
+    let (model, label) = match &a.model {
+        Some(dir) => (Model::load(dir, be)?, dir.display().to_string()),
+        None => {
+            let dir = materialize_default(&default_model_dir(DEFAULT_SEED), DEFAULT_SEED)?;
+            (
+                Model::load(&dir, be)?,
+                "embedded default (random weights)".to_string(),
+            )
+        }
+    };
+    let max_c = a.concurrency.iter().copied().max().unwrap_or(1);
+    let cfg = EngineConfig {
+        max_num_seqs: max_c,
+        max_num_batched_tokens: (max_c * (a.spec_drafts + 1)).max(a.prompt_len * 4).max(256),
+        max_model_len: a.prompt_len + a.new_tokens + 16,
+        prefix_caching: false,
+        spec_drafts: a.spec_drafts,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(model, cfg)?;
+    eprintln!(
+        "bench on {label}: prompts of {} tokens, {} new tokens each, concurrency {:?}",
+        a.prompt_len, a.new_tokens, a.concurrency
+    );
+    let points = run_bench(
+        &mut engine,
+        &a.concurrency,
+        a.prompt_len,
+        a.new_tokens,
+        |p| {
+            eprintln!(
+                "  concurrency {}: {:.1} tok/s total",
+                p.concurrency, p.total_tok_s
+            );
+        },
+    )?;
+    print!("{}", bench_table(&points));
+    let setup = serde_json::json!({
+        "model": label, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
+        "spec_drafts": a.spec_drafts, "deterministic": a.deterministic, "threads": a.threads,
+        "backend": "cpu",
+    });
+    let json_path = a.output.with_extension("json");
+    let svg_path = a.output.with_extension("svg");
+    let write = |p: &PathBuf, text: String| {
+        std::fs::write(p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))
+    };
+    write(
+        &json_path,
+        serde_json::to_string_pretty(&bench_json(&points, &setup))?,
+    )?;
+    write(
+        &svg_path,
+        bench_svg(&points, &format!("deepinfer offline decode, {label}, CPU")),
+    )?;
+    println!("wrote {} and {}", json_path.display(), svg_path.display());
+    Ok(())
+}

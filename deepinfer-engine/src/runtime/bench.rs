@@ -1,0 +1,216 @@
+//! Offline throughput at several concurrencies: per-user and total tokens/s, time to first
+//! token, step time and tokens per decode row, as a table, JSON and an SVG chart of total
+//! throughput against per-user speed.
+
+use super::engine::{Engine, EngineError};
+use super::request::{GenParams, Request};
+use deepinfer_kernels::Backend;
+use serde_json::{Value, json};
+
+/// One concurrency level's figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BenchPoint {
+    /// Requests run together.
+    pub concurrency: usize,
+    /// Generated tokens over wall time, all requests.
+    pub total_tok_s: f64,
+    /// Mean over requests of decode tokens/s after the first token.
+    pub per_user_tok_s: f64,
+    /// Mean time to first token, ms.
+    pub ttft_ms: f64,
+    /// Mean engine step time, ms.
+    pub step_ms: f64,
+    /// Generated tokens per decode row (1 without speculation; measured acceptance with it).
+    pub tokens_per_row: f64,
+}
+
+/// Run `concurrency` greedy requests of `prompt_len` random prompt tokens and `new_tokens`
+/// new tokens each, for every level. Prompts differ per request and level (no prefix hits).
+pub fn run_bench<B: Backend>(
+    engine: &mut Engine<B>,
+    levels: &[usize],
+    prompt_len: usize,
+    new_tokens: usize,
+    mut on_level: impl FnMut(&BenchPoint),
+) -> Result<Vec<BenchPoint>, EngineError>
+where
+    B::Tensor: Clone,
+{
+    let vocab = engine.model().cfg.vocab_size as u64;
+    let mut points = Vec::new();
+    for (li, &c) in levels.iter().enumerate() {
+        let reqs: Vec<Request> = (0..c as u64)
+            .map(|i| {
+                let mut x = (li as u64 * 1_000_003 + i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let prompt = (0..prompt_len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        (x % (vocab.min(100_000) - 10)) as u32 + 10
+                    })
+                    .collect();
+                let mut p = GenParams::greedy(new_tokens);
+                p.stop_at_eos = false;
+                Request::new(i, prompt, p)
+            })
+            .collect();
+        let m0 = engine.metrics();
+        let t0 = std::time::Instant::now();
+        let outs = engine.generate(reqs)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let m1 = engine.metrics();
+        let generated: usize = outs.iter().map(|o| o.usage.completion_tokens).sum();
+        let per_user = outs
+            .iter()
+            .map(|o| {
+                let dt = (o.timing.total_ms - o.timing.ttft_ms) / 1e3;
+                if dt > 0.0 {
+                    (o.usage.completion_tokens.saturating_sub(1)) as f64 / dt
+                } else {
+                    0.0
+                }
+            })
+            .sum::<f64>()
+            / outs.len().max(1) as f64;
+        let steps = (m1.steps - m0.steps).max(1) as f64;
+        let busy = (m1.forward_ms - m0.forward_ms)
+            + (m1.sample_ms - m0.sample_ms)
+            + (m1.sched_ms - m0.sched_ms)
+            + (m1.post_ms - m0.post_ms)
+            + (m1.draft_ms - m0.draft_ms);
+        let rows = (m1.spec_rows - m0.spec_rows) as f64;
+        let p = BenchPoint {
+            concurrency: c,
+            total_tok_s: generated as f64 / wall.max(1e-9),
+            per_user_tok_s: per_user,
+            ttft_ms: outs.iter().map(|o| o.timing.ttft_ms).sum::<f64>() / outs.len().max(1) as f64,
+            step_ms: busy / steps,
+            tokens_per_row: if rows > 0.0 {
+                1.0 + (m1.accepted_drafts - m0.accepted_drafts) as f64 / rows
+            } else {
+                1.0
+            },
+        };
+        on_level(&p);
+        points.push(p);
+    }
+    Ok(points)
+}
+
+/// The figures as JSON.
+pub fn bench_json(points: &[BenchPoint], setup: &Value) -> Value {
+    json!({
+        "setup": setup,
+        "points": points.iter().map(|p| json!({
+            "concurrency": p.concurrency, "total_tok_s": p.total_tok_s, "per_user_tok_s": p.per_user_tok_s,
+            "ttft_ms": p.ttft_ms, "step_ms": p.step_ms, "tokens_per_row": p.tokens_per_row,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A text table.
+pub fn bench_table(points: &[BenchPoint]) -> String {
+    let mut s = format!(
+        "{:>11} {:>12} {:>15} {:>10} {:>10} {:>14}\n",
+        "concurrency", "total tok/s", "per-user tok/s", "TTFT ms", "step ms", "tokens/row"
+    );
+    for p in points {
+        s.push_str(&format!(
+            "{:>11} {:>12.1} {:>15.1} {:>10.1} {:>10.1} {:>14.2}\n",
+            p.concurrency, p.total_tok_s, p.per_user_tok_s, p.ttft_ms, p.step_ms, p.tokens_per_row
+        ));
+    }
+    s
+}
+
+/// SVG chart: total throughput (y) against per-user speed (x), one labelled point per level,
+/// with the tokens-per-step figure used (measured) written on it.
+pub fn bench_svg(points: &[BenchPoint], title: &str) -> String {
+    let (w, h, m) = (640.0, 420.0, 60.0);
+    let xmax = points.iter().map(|p| p.per_user_tok_s).fold(1e-9, f64::max) * 1.1;
+    let ymax = points.iter().map(|p| p.total_tok_s).fold(1e-9, f64::max) * 1.1;
+    let x = |v: f64| m + v / xmax * (w - 2.0 * m);
+    let y = |v: f64| h - m - v / ymax * (h - 2.0 * m);
+    let tpr = points.iter().map(|p| p.tokens_per_row).sum::<f64>() / points.len().max(1) as f64;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{m}\" y=\"24\" font-size=\"14\">{}</text>\n\
+         <text x=\"{m}\" y=\"42\">tokens per decode row: {tpr:.2} (measured, not assumed)</text>\n\
+         <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">per-user tokens/s</text>\n\
+         <text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">total tokens/s</text>\n",
+        xml_escape(title),
+        h - m,
+        w - m,
+        h - m,
+        h - m,
+        w / 2.0,
+        h - 20.0,
+        h / 2.0,
+        h / 2.0
+    );
+    let pts: Vec<String> = points
+        .iter()
+        .map(|p| format!("{:.1},{:.1}", x(p.per_user_tok_s), y(p.total_tok_s)))
+        .collect();
+    s.push_str(&format!(
+        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n",
+        pts.join(" ")
+    ));
+    for p in points {
+        let (px, py) = (x(p.per_user_tok_s), y(p.total_tok_s));
+        s.push_str(&format!(
+            "<circle cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"4\" fill=\"#1f77b4\"/><text x=\"{:.1}\" y=\"{:.1}\">{} users: {:.0} tok/s</text>\n",
+            px + 6.0,
+            py - 6.0,
+            p.concurrency,
+            p.total_tok_s
+        ));
+    }
+    s.push_str(&format!(
+        "<text x=\"{m}\" y=\"{}\">0</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{xmax:.0}</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{ymax:.0}</text>\n</svg>\n",
+        h - m + 16.0,
+        w - m,
+        h - m + 16.0,
+        m - 4.0,
+        m + 4.0
+    ));
+    s
+}
+
+fn xml_escape(t: &str) -> String {
+    t.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_and_svg_show_every_point() {
+        let pts = [1usize, 4].map(|c| BenchPoint {
+            concurrency: c,
+            total_tok_s: 10.0 * c as f64,
+            per_user_tok_s: 10.0 / c as f64,
+            ttft_ms: 5.0,
+            step_ms: 2.0,
+            tokens_per_row: 1.0,
+        });
+        let t = bench_table(&pts);
+        assert_eq!(t.lines().count(), 3);
+        let svg = bench_svg(&pts, "a < b");
+        assert!(svg.contains("4 users: 40 tok/s") && svg.contains("a &lt; b"));
+        assert!(svg.contains("tokens per decode row: 1.00"));
+        assert_eq!(
+            bench_json(&pts, &json!({}))["points"]
+                .as_array()
+                .map(Vec::len),
+            Some(2)
+        );
+    }
+}
