@@ -1,5 +1,5 @@
 //! CPU kernel benchmarks: GEMV (decode) against a plain streaming read of the same bytes,
-//! GEMM (prefill) against `matrixmultiply::sgemm` called directly, quantise / dequantise.
+//! GEMM (prefill) against `matrixmultiply::sgemm` called directly (quantisation: `benches/quant.rs`).
 //!
 //!   cargo bench -p deepinfer-kernels --bench kernels
 //!
@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use deepinfer_kernels::{Backend, CpuBackend, QuantFormat, QuantMatrix, ScaleFormat};
+use deepinfer_kernels::{Backend, CpuBackend};
 use rayon::prelude::*;
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -117,38 +117,5 @@ fn gemm(c: &mut Criterion) {
     g.finish();
 }
 
-fn quant(c: &mut Criterion) {
-    let (rows, cols) = (512usize, 4096usize);
-    let x = data(rows * cols, 7);
-    let mut g = c.benchmark_group("quant_8MiB_f32");
-    g.sample_size(10)
-        .measurement_time(Duration::from_secs(2))
-        .warm_up_time(Duration::from_millis(500));
-    g.throughput(Throughput::Bytes((rows * cols * 4) as u64));
-    let formats = [
-        ("fp8_128x128_f32", QuantFormat::FP8_128_F32),
-        (
-            "fp8_1x32_ue8m0",
-            QuantFormat::Fp8 {
-                block_rows: 1,
-                block_cols: 32,
-                scale: ScaleFormat::Ue8m0,
-            },
-        ),
-        ("mxfp4", QuantFormat::Mxfp4),
-        ("nvfp4", QuantFormat::Nvfp4),
-    ];
-    for (name, f) in formats {
-        g.bench_function(format!("quantize_{name}"), |bch| {
-            bch.iter(|| black_box(QuantMatrix::quantize(&x, rows, cols, f).unwrap()))
-        });
-        let q = QuantMatrix::quantize(&x, rows, cols, f).unwrap();
-        g.bench_function(format!("dequantize_{name}"), |bch| {
-            bch.iter(|| black_box(q.dequantize()))
-        });
-    }
-    g.finish();
-}
-
-criterion_group!(benches, gemv, gemm, quant);
+criterion_group!(benches, gemv, gemm);
 criterion_main!(benches);

@@ -276,3 +276,128 @@ fn fast_encoders_match_reference_rounding() {
         }
     }
 }
+
+/// The fast encoders are bit-identical to the reference encoders (which round by the NumPy
+/// rules) on every input class: a dense sweep of bit patterns, all e4m3 midpoints, specials.
+#[test]
+fn fast_encoders_are_bit_identical_to_reference_encoders() {
+    use deepinfer_kernels::quant::reference::{e2m1_encode_reference, e4m3_encode_reference};
+    let mut specials = vec![
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::MAX,
+    ];
+    for b in 0u8..0x7e {
+        let (lo, hi) = (e4m3_decode(b), e4m3_decode(b + 1));
+        specials.push((lo + hi) / 2.0);
+        specials.push(f32::from_bits(((lo + hi) / 2.0).to_bits() + 1));
+    }
+    // Every 4099th bit pattern over the whole u32 range: all exponents, both signs, NaNs.
+    let sweep = (0..=u32::MAX).step_by(4099).map(f32::from_bits);
+    for v in specials.into_iter().chain(sweep) {
+        assert_eq!(
+            e4m3_encode(v),
+            e4m3_encode_reference(v),
+            "e4m3 {v:e} ({:#x})",
+            v.to_bits()
+        );
+        assert_eq!(
+            e2m1_encode(v),
+            e2m1_encode_reference(v),
+            "e2m1 {v:e} ({:#x})",
+            v.to_bits()
+        );
+    }
+}
+
+fn all_formats() -> Vec<QuantFormat> {
+    vec![
+        QuantFormat::FP8_128_F32,
+        QuantFormat::Fp8 {
+            block_rows: 3,
+            block_cols: 20,
+            scale: ScaleFormat::F32,
+        },
+        QuantFormat::Fp8 {
+            block_rows: 1,
+            block_cols: 32,
+            scale: ScaleFormat::Ue8m0,
+        },
+        QuantFormat::Fp8 {
+            block_rows: 5,
+            block_cols: 7,
+            scale: ScaleFormat::Ue8m0,
+        },
+        QuantFormat::Mxfp4,
+        QuantFormat::Nvfp4,
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// The fast quantise / dequantise kernels give exactly the bytes, scales and values of
+    /// the per-element reference, on random blocks with mixed magnitudes (tiny, subnormal,
+    /// zero, huge) and random shapes.
+    #[test]
+    fn fast_quant_is_bit_identical_to_reference(
+        seed in 0u64..1_000_000,
+        rows in 1usize..9,
+        cols32 in 1usize..6,
+        log_scale in -140i32..120,
+    ) {
+        use deepinfer_kernels::quant::reference::{dequantize_reference, quantize_reference};
+        let mut rng = Rng::new(seed);
+        let cols = cols32 * 32;
+        let scale = 2f32.powi(log_scale);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|_| match rng.below(8) {
+                0 => 0.0,
+                1 => -0.0,
+                2 => rng.unit() * scale * 1e-30,
+                3 => rng.unit() * f32::MAX,
+                _ => rng.unit() * scale,
+            })
+            .collect();
+        for f in all_formats() {
+            let fast = QuantMatrix::quantize(&x, rows, cols, f);
+            let slow = quantize_reference(&x, rows, cols, f);
+            match (fast, slow) {
+                (Ok(a), Ok(b)) => {
+                    prop_assert!(a == b, "{:?}: quantised matrices differ", f);
+                    let (da, db) = (a.dequantize(), dequantize_reference(&b));
+                    let same = da.iter().zip(&db).all(|(p, q)| p.to_bits() == q.to_bits());
+                    prop_assert!(same, "{:?}: dequantised values differ", f);
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => prop_assert!(false, "{:?}: {:?} vs {:?}", f, a.is_ok(), b.is_ok()),
+            }
+        }
+    }
+
+    /// Non-finite values are rejected by the fast path exactly as by the reference.
+    #[test]
+    fn quantize_rejects_non_finite_anywhere(pos in 0usize..256, which in 0usize..3) {
+        let mut x = vec![0.5f32; 256];
+        x[pos] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][which];
+        for f in all_formats() {
+            prop_assert!(QuantMatrix::quantize(&x, 2, 128, f).is_err());
+        }
+    }
+}
+
+#[test]
+fn dequantize_into_checks_length() {
+    let x: Vec<f32> = (0..64).map(|i| i as f32 - 30.0).collect();
+    let q = QuantMatrix::quantize(&x, 2, 32, QuantFormat::Mxfp4).unwrap();
+    let mut buf = vec![0.0; 64];
+    q.dequantize_into(&mut buf).unwrap();
+    assert_eq!(buf, q.dequantize());
+    assert!(q.dequantize_into(&mut buf[..63]).is_err());
+}

@@ -17,6 +17,17 @@ pub static E2M1_LUT: [f32; 16] = [
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
 ];
 
+/// Decoding table for a packed byte: both values (low nibble first), one load per byte.
+pub static E2M1_PAIR_LUT: [[f32; 2]; 256] = {
+    let mut t = [[0.0f32; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [E2M1_LUT[i & 0xf], E2M1_LUT[i >> 4]];
+        i += 1;
+    }
+    t
+};
+
 /// Rounds to the nearest e2m1 value (ties to even), saturating at ±6.
 ///
 /// The NumPy reference's rule: `q = 2^(max(floor(log2|v|), 0) - 1)`,
@@ -38,26 +49,36 @@ pub fn round_e2m1(v: f32) -> f32 {
 
 /// Encodes a value to its 4-bit code (round to nearest even, saturating; NaN → 0).
 ///
-/// Thresholds at the midpoints between neighbours; `>` where the lower neighbour has the even
-/// mantissa, `>=` where the upper one has: the same result as [`round_e2m1`].
-#[inline]
+/// Thresholds at the midpoints between neighbours, `>` where the lower neighbour has the even
+/// mantissa and `>=` where the upper one has, compared on the bit patterns of `|v|` (which
+/// order like the values): the same result as [`round_e2m1`], with no branch, so loops over
+/// it vectorise. A value that rounds to zero encodes as +0, like the reference's
+/// `sign(v) * 0`.
+#[inline(always)]
 pub fn e2m1_encode(v: f32) -> u8 {
-    let sign = if v.is_sign_negative() && !v.is_nan() {
-        8u8
-    } else {
-        0
-    };
-    let a = v.abs();
-    let code = u8::from(a > 0.25)
-        + u8::from(a >= 0.75)
-        + u8::from(a > 1.25)
-        + u8::from(a >= 1.75)
-        + u8::from(a > 2.5)
-        + u8::from(a >= 3.5)
-        + u8::from(a > 5.0);
-    // -0 encodes as +0 (code 0), like the reference's sign(v) * 0.
-    (sign & 0u8.wrapping_sub(u8::from(code != 0))) | code
+    let bits = v.to_bits();
+    let a = (bits & 0x7fff_ffff) as i32;
+    // `a >= t` is `a > bits(t) - 1` for the thresholds with ties going up.
+    let code = i32::from(a > B0_25)
+        + i32::from(a > B0_75 - 1)
+        + i32::from(a > B1_25)
+        + i32::from(a > B1_75 - 1)
+        + i32::from(a > B2_5)
+        + i32::from(a > B3_5 - 1)
+        + i32::from(a > B5_0);
+    let nan = a > 0x7f80_0000;
+    let sign = ((bits >> 28) & 8) as i32;
+    let code = if code == 0 || nan { 0 } else { code | sign };
+    code as u8
 }
+
+const B0_25: i32 = 0.25f32.to_bits() as i32;
+const B0_75: i32 = 0.75f32.to_bits() as i32;
+const B1_25: i32 = 1.25f32.to_bits() as i32;
+const B1_75: i32 = 1.75f32.to_bits() as i32;
+const B2_5: i32 = 2.5f32.to_bits() as i32;
+const B3_5: i32 = 3.5f32.to_bits() as i32;
+const B5_0: i32 = 5.0f32.to_bits() as i32;
 
 /// Decodes a 4-bit code (only the low nibble is read).
 #[inline]

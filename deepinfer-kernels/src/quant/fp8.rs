@@ -50,24 +50,25 @@ pub(crate) fn exp2i(e: i32) -> f32 {
 
 /// Encodes a value to its e4m3fn byte (round to nearest even, saturating; NaN → `0x7f`).
 ///
-/// Bit arithmetic, branch-light: the same result as encoding [`round_e4m3`]'s value.
-#[inline]
+/// Bit arithmetic with no branch and no float-to-int conversion, so loops over it vectorise:
+/// the same result as encoding [`round_e4m3`]'s value.
+#[inline(always)]
 pub fn e4m3_encode(v: f32) -> u8 {
     let bits = v.to_bits();
-    let sign = ((bits >> 24) & 0x80) as u8;
+    let sign = (bits >> 24) & 0x80;
     let x = bits & 0x7fff_ffff;
-    // |v| < 2^-6: e4m3 subnormals, steps of 2^-9, rounded by the 2^23 magic-number trick
-    // (8 rounds up into the first normal). Otherwise round the f32 mantissa to 3 bits (ties
-    // to even) and rebias the exponent 127 → 7. Both computed, one selected: no branch.
-    let sub = ((f32::from_bits(x.min(0x3c80_0000)) * 512.0 + 8_388_608.0) - 8_388_608.0) as u32;
+    // |v| < 2^-6: e4m3 subnormals, steps of 2^-9, rounded (ties to even) by adding 2^23 and
+    // reading the integer from the mantissa bits (8 rounds up into the first normal code).
+    let sub = (f32::from_bits(x.min(0x3c80_0000)) * 512.0 + 8_388_608.0).to_bits() - 0x4b00_0000;
+    // Otherwise round the f32 mantissa to 3 bits (ties to even), rebias the exponent 127 → 7,
+    // saturate at 448 (`0x7e`). Both computed, one selected.
     let xn = x.max(0x3c80_0000);
-    let norm = (((xn + 0x7_ffff + ((xn >> 20) & 1)) >> 20) - (120 << 3)).min(0x7e);
+    let norm = ((xn + 0x7_ffff + ((xn >> 20) & 1)) >> 20)
+        .wrapping_sub(120 << 3)
+        .min(0x7e);
     let code = if x < 0x3c80_0000 { sub } else { norm };
-    if x > 0x7f80_0000 {
-        0x7f
-    } else {
-        sign | code as u8
-    }
+    let byte = if x > 0x7f80_0000 { 0x7f } else { sign | code };
+    byte as u8
 }
 
 /// Decodes an e4m3fn byte.

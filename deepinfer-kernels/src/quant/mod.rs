@@ -5,15 +5,14 @@
 //! blocks run along `cols` (the reduction axis), so a GEMV reads one row's values and scales
 //! contiguously.
 
+mod block;
 pub mod fp4;
 pub mod fp8;
+pub mod reference;
 
 use crate::error::{Result, invalid, shape_err};
-use fp4::{E2M1_LUT, e2m1_decode, e2m1_encode, round_e2m1};
-use fp8::{
-    E4M3_LUT, ceil_log2, e4m3_decode, e4m3_encode, exp2i, round_e4m3, ue8m0_decode,
-    ue8m0_encode_pow2,
-};
+use fp4::{e2m1_decode, round_e2m1};
+use fp8::{ceil_log2, e4m3_decode, exp2i, round_e4m3, ue8m0_decode, ue8m0_encode_pow2};
 
 /// How FP8 block scales are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -111,25 +110,22 @@ impl QuantMatrix {
                 format!("{} values for [{rows}, {cols}]", x.len()),
             ));
         }
-        if x.iter().any(|v| !v.is_finite()) {
-            return Err(invalid(OP, "non-finite value"));
-        }
         let bc = format.block_cols();
         let br = format.block_rows();
         if bc == 0 || br == 0 {
             return Err(invalid(OP, "zero block size"));
         }
-        match format {
-            QuantFormat::Fp8 { scale, .. } => {
-                Ok(quantize_fp8(x, rows, cols, br, bc, scale, format))
-            }
+        // Non-finite input is caught by the block maxima (one pass fewer over the input).
+        let q = match format {
+            QuantFormat::Fp8 { scale, .. } => quantize_fp8(x, rows, cols, br, bc, scale, format),
             QuantFormat::Mxfp4 | QuantFormat::Nvfp4 => {
                 if !cols.is_multiple_of(bc) {
                     return Err(shape_err(OP, format!("cols {cols} not a multiple of {bc}")));
                 }
-                Ok(quantize_fp4(x, rows, cols, format))
+                quantize_fp4(x, rows, cols, format)
             }
-        }
+        };
+        q.ok_or_else(|| invalid(OP, "non-finite value"))
     }
 
     /// Reassembles a matrix from raw parts (e.g. loaded from a checkpoint).
@@ -277,14 +273,19 @@ impl QuantMatrix {
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         let bc = self.format.block_cols();
         let cols = self.cols;
+        // The block scales of this row, decoded once per block (tensor scale included).
+        let nbc = cols.div_ceil(bc);
+        let s0 = (row / self.format.block_rows()) * nbc;
+        let scale = |bj: usize| match (&self.scales, self.format) {
+            (Scales::F32(s), _) => s[s0 + bj],
+            (Scales::Bytes(b), QuantFormat::Nvfp4) => e4m3_decode(b[s0 + bj]) * self.tensor_scale,
+            (Scales::Bytes(b), _) => ue8m0_decode(b[s0 + bj]),
+        };
         match self.format {
             QuantFormat::Fp8 { .. } => {
                 let data = &self.data[row * cols..(row + 1) * cols];
                 for (bj, (chunk, bytes)) in out.chunks_mut(bc).zip(data.chunks(bc)).enumerate() {
-                    let s = self.block_scale(row, bj);
-                    for (o, &b) in chunk.iter_mut().zip(bytes) {
-                        *o = E4M3_LUT[b as usize] * s;
-                    }
+                    block::decode_fp8(bytes, scale(bj), chunk);
                 }
             }
             _ => {
@@ -292,11 +293,7 @@ impl QuantMatrix {
                 let data = &self.data[row * cols / 2..(row + 1) * cols / 2];
                 for (bj, (chunk, bytes)) in out.chunks_mut(bc).zip(data.chunks(bc / 2)).enumerate()
                 {
-                    let s = self.block_scale(row, bj);
-                    for (pair, &b) in chunk.chunks_exact_mut(2).zip(bytes) {
-                        pair[0] = E2M1_LUT[(b & 0xf) as usize] * s;
-                        pair[1] = E2M1_LUT[(b >> 4) as usize] * s;
-                    }
+                    block::decode_fp4(bytes, scale(bj), chunk);
                 }
             }
         }
@@ -305,16 +302,34 @@ impl QuantMatrix {
     /// Dequantises the whole matrix (row-major f32).
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0.0f32; self.rows * self.cols];
+        self.fill_dequantized(&mut out);
+        out
+    }
+
+    /// Dequantises the whole matrix into `out` (row-major, length `rows * cols`), for callers
+    /// that reuse a buffer.
+    pub fn dequantize_into(&self, out: &mut [f32]) -> Result<()> {
+        if out.len() != self.rows * self.cols {
+            return Err(shape_err(
+                "dequantize_into",
+                format!("buffer of {} for [{}, {}]", out.len(), self.rows, self.cols),
+            ));
+        }
+        self.fill_dequantized(out);
+        Ok(())
+    }
+
+    fn fill_dequantized(&self, out: &mut [f32]) {
         if self.cols == 0 {
-            return out;
+            return;
         }
         for (r, row) in out.chunks_mut(self.cols).enumerate() {
             self.dequantize_row(r, row);
         }
-        out
     }
 }
 
+/// Block-scaled FP8 (the loop is [`block::quantize_fp8`]). `None` on non-finite input.
 fn quantize_fp8(
     x: &[f32],
     rows: usize,
@@ -323,35 +338,11 @@ fn quantize_fp8(
     bc: usize,
     scale: ScaleFormat,
     format: QuantFormat,
-) -> QuantMatrix {
-    let nbr = rows.div_ceil(br);
-    let nbc = cols.div_ceil(bc);
-    let mut scales_f = vec![0.0f32; nbr * nbc];
-    for bi in 0..nbr {
-        for bj in 0..nbc {
-            let mut amax = 0.0f32;
-            for r in bi * br..((bi + 1) * br).min(rows) {
-                for &v in &x[r * cols + bj * bc..r * cols + ((bj + 1) * bc).min(cols)] {
-                    amax = amax.max(v.abs());
-                }
-            }
-            let amax = amax.max(1e-12);
-            scales_f[bi * nbc + bj] = match scale {
-                ScaleFormat::F32 => amax / fp8::E4M3_MAX,
-                ScaleFormat::Ue8m0 => exp2i(ceil_log2(amax / fp8::E4M3_MAX).clamp(-127, 127)),
-            };
-        }
-    }
+) -> Option<QuantMatrix> {
+    let mut scales_f = vec![0.0f32; rows.div_ceil(br) * cols.div_ceil(bc)];
     let mut data = vec![0u8; rows * cols];
-    for r in 0..rows {
-        let xs = &x[r * cols..(r + 1) * cols];
-        let ds = &mut data[r * cols..(r + 1) * cols];
-        for (bj, (xb, db)) in xs.chunks(bc).zip(ds.chunks_mut(bc)).enumerate() {
-            // Multiplying by the reciprocal (exact for power-of-two scales) keeps the loop
-            // vectorisable; for f32 scales it may differ from `v / s` in the last bit.
-            let inv = 1.0 / scales_f[(r / br) * nbc + bj];
-            encode_fp8(xb, inv, db);
-        }
+    if !block::quantize_fp8(x, (rows, cols), (br, bc), scale, &mut scales_f, &mut data) {
+        return None;
     }
     let scales = match scale {
         ScaleFormat::F32 => Scales::F32(scales_f),
@@ -362,111 +353,46 @@ fn quantize_fp8(
                 .collect(),
         ),
     };
-    QuantMatrix {
+    Some(QuantMatrix {
         format,
         rows,
         cols,
         data,
         scales,
         tensor_scale: 1.0,
-    }
+    })
 }
 
-fn quantize_fp4(x: &[f32], rows: usize, cols: usize, format: QuantFormat) -> QuantMatrix {
+/// MXFP4 / NVFP4 (the loop is [`block::quantize_fp4`]). `None` on non-finite input.
+fn quantize_fp4(x: &[f32], rows: usize, cols: usize, format: QuantFormat) -> Option<QuantMatrix> {
     let bc = format.block_cols();
-    let nbc = cols / bc;
-    let tensor_scale = if format == QuantFormat::Nvfp4 {
-        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        if amax > 0.0 {
+    let nvfp4 = if format == QuantFormat::Nvfp4 {
+        let m = block::amax_bits(x);
+        if block::non_finite(m) {
+            return None;
+        }
+        let amax = f32::from_bits(m);
+        Some(if amax > 0.0 {
             amax / (fp8::E4M3_MAX * fp4::E2M1_MAX)
         } else {
             1.0
-        }
+        })
     } else {
-        1.0
+        None
     };
-    let mut scale_bytes = vec![0u8; rows * nbc];
+    let mut scale_bytes = vec![0u8; rows * (cols / bc)];
     let mut data = vec![0u8; rows * cols / 2];
-    for r in 0..rows {
-        for bj in 0..nbc {
-            let blk = &x[r * cols + bj * bc..r * cols + (bj + 1) * bc];
-            let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let (byte, s) = if format == QuantFormat::Mxfp4 {
-                let p = ceil_log2(amax.max(fp4::E2M1_MAX * exp2i(-126)) / fp4::E2M1_MAX);
-                let b = ue8m0_encode_pow2(p);
-                (b, ue8m0_decode(b))
-            } else {
-                let floor = fp4::E2M1_MAX * exp2i(-9);
-                let b = e4m3_encode((amax / tensor_scale).max(floor) / fp4::E2M1_MAX);
-                (b, e4m3_decode(b) * tensor_scale)
-            };
-            scale_bytes[r * nbc + bj] = byte;
-            let out = &mut data[(r * cols + bj * bc) / 2..(r * cols + (bj + 1) * bc) / 2];
-            encode_fp4(blk, 1.0 / s, out);
-        }
+    if !block::quantize_fp4(x, bc, nvfp4, &mut scale_bytes, &mut data) {
+        return None;
     }
-    QuantMatrix {
+    Some(QuantMatrix {
         format,
         rows,
         cols,
         data,
         scales: Scales::Bytes(scale_bytes),
-        tensor_scale,
-    }
-}
-
-#[inline(always)]
-fn encode_fp8_body(x: &[f32], inv: f32, out: &mut [u8]) {
-    for (d, &v) in out.iter_mut().zip(x) {
-        *d = e4m3_encode(v * inv);
-    }
-}
-
-#[inline(always)]
-fn encode_fp4_body(x: &[f32], inv: f32, out: &mut [u8]) {
-    for (d, pair) in out.iter_mut().zip(x.chunks_exact(2)) {
-        *d = e2m1_encode(pair[0] * inv) | (e2m1_encode(pair[1] * inv) << 4);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn encode_fp8_avx2(x: &[f32], inv: f32, out: &mut [u8]) {
-    // Same operations as the portable body (integer min/max need SSE4.1+ to vectorise).
-    encode_fp8_body(x, inv, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn encode_fp4_avx2(x: &[f32], inv: f32, out: &mut [u8]) {
-    encode_fp4_body(x, inv, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-fn has_avx2() -> bool {
-    use std::sync::OnceLock;
-    static AVX2: OnceLock<bool> = OnceLock::new();
-    *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
-}
-
-/// `out[i] = e4m3(x[i] * inv)`.
-fn encode_fp8(x: &[f32], inv: f32, out: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 is available (checked at run time).
-        return unsafe { encode_fp8_avx2(x, inv, out) };
-    }
-    encode_fp8_body(x, inv, out)
-}
-
-/// `out[i] = e2m1(x[2i] * inv) | e2m1(x[2i+1] * inv) << 4`.
-fn encode_fp4(x: &[f32], inv: f32, out: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 is available (checked at run time).
-        return unsafe { encode_fp4_avx2(x, inv, out) };
-    }
-    encode_fp4_body(x, inv, out)
+        tensor_scale: nvfp4.unwrap_or(1.0),
+    })
 }
 
 /// The quantisation round trips the NumPy reference applies in QAT mode, along the last axis.
