@@ -25,11 +25,33 @@ pub const FAST_M: usize = 8;
 /// A weight element that widens exactly to f32.
 pub(crate) trait WElem: Copy + Send + Sync {
     fn widen(self) -> f32;
+
+    /// The fixed-order dot product of `x` and `w` (see [`dot`]); element types with an
+    /// explicit SIMD build override it with the same operations in the same order.
+    #[inline]
+    fn dot(x: &[f32], w: &[Self]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // SAFETY: the CPU supports AVX2 (checked at run time above).
+            return unsafe { dot_avx2(x, w) };
+        }
+        dot_body(x, w)
+    }
 }
 impl WElem for f32 {
     #[inline(always)]
     fn widen(self) -> f32 {
         self
+    }
+
+    #[inline]
+    fn dot(x: &[f32], w: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // SAFETY: the CPU supports AVX2 (checked at run time above).
+            return unsafe { simd::dot_f32(x, w) };
+        }
+        dot_body(x, w)
     }
 }
 impl WElem for bf16 {
@@ -37,12 +59,39 @@ impl WElem for bf16 {
     fn widen(self) -> f32 {
         f32::from_bits((self.to_bits() as u32) << 16)
     }
+
+    #[inline]
+    fn dot(x: &[f32], w: &[bf16]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // SAFETY: the CPU supports AVX2 (checked at run time above).
+            return unsafe { simd::dot_bf16(x, w) };
+        }
+        dot_body(x, w)
+    }
 }
 impl WElem for f16 {
     #[inline(always)]
     fn widen(self) -> f32 {
         self.to_f32()
     }
+}
+
+/// Adds the tail (fewer than [`LANES`] values) into the lane sums and folds them by the fixed
+/// pairwise tree: the end of every dot product, whichever build computed the lanes.
+#[inline(always)]
+fn finish<W: WElem>(mut acc: [f32; LANES], x_tail: &[f32], w_tail: &[W]) -> f32 {
+    for (l, (a, b)) in x_tail.iter().zip(w_tail).enumerate() {
+        acc[l] += a * b.widen();
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+    }
+    acc[0]
 }
 
 #[inline(always)]
@@ -57,17 +106,7 @@ fn dot_body<W: WElem>(x: &[f32], w: &[W]) -> f32 {
             acc[l] += xs[l] * ws[l].widen();
         }
     }
-    for (l, (a, b)) in xc.remainder().iter().zip(wc.remainder()).enumerate() {
-        acc[l] += a * b.widen();
-    }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-    }
-    acc[0]
+    finish(acc, xc.remainder(), wc.remainder())
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -78,6 +117,80 @@ unsafe fn dot_avx2<W: WElem>(x: &[f32], w: &[W]) -> f32 {
     dot_body(x, w)
 }
 
+/// Explicit AVX2 dot products: lanes 0–7 and 8–15 of [`dot_body`] in two registers, a
+/// separate multiply and add per element (no FMA), then the same [`finish`]: bit-identical to
+/// the portable body. Written out because the auto-vectoriser splits the 16 lanes badly.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{LANES, finish};
+    use half::bf16;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
+        let n = x.len().min(w.len());
+        let full = n / LANES * LANES;
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 16 <= full <= n, within both slices; unaligned loads.
+            unsafe {
+                let p0 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(wp.add(i)));
+                let p1 = _mm256_mul_ps(
+                    _mm256_loadu_ps(xp.add(i + 8)),
+                    _mm256_loadu_ps(wp.add(i + 8)),
+                );
+                a0 = _mm256_add_ps(a0, p0);
+                a1 = _mm256_add_ps(a1, p1);
+            }
+            i += LANES;
+        }
+        let mut acc = [0.0f32; LANES];
+        // SAFETY: acc holds 16 f32s; two unaligned 8-lane stores.
+        unsafe {
+            _mm256_storeu_ps(acc.as_mut_ptr(), a0);
+            _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
+        }
+        finish(acc, &x[full..n], &w[full..n])
+    }
+
+    /// Eight bf16 at `p` widened to f32 (a 16-bit shift: exact).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn widen8(p: *const bf16) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable bf16 (16 bytes) at p.
+        let h = unsafe { _mm_loadu_si128(p.cast()) };
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot_bf16(x: &[f32], w: &[bf16]) -> f32 {
+        let n = x.len().min(w.len());
+        let full = n / LANES * LANES;
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 16 <= full <= n, within both slices; unaligned loads.
+            unsafe {
+                let p0 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i)), widen8(wp.add(i)));
+                let p1 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i + 8)), widen8(wp.add(i + 8)));
+                a0 = _mm256_add_ps(a0, p0);
+                a1 = _mm256_add_ps(a1, p1);
+            }
+            i += LANES;
+        }
+        let mut acc = [0.0f32; LANES];
+        // SAFETY: acc holds 16 f32s; two unaligned 8-lane stores.
+        unsafe {
+            _mm256_storeu_ps(acc.as_mut_ptr(), a0);
+            _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
+        }
+        finish(acc, &x[full..n], &w[full..n])
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
     use std::sync::OnceLock;
@@ -85,15 +198,26 @@ fn has_avx2() -> bool {
     *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
 }
 
-/// Fixed-order dot product of `x` and `w` (over the shorter length).
+/// Fixed-order dot product of `x` and `w` (over the shorter length): [`LANES`] interleaved
+/// partial sums (a separate multiply and add per element), then a fixed pairwise tree.
 #[inline]
 pub(crate) fn dot<W: WElem>(x: &[f32], w: &[W]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2 (checked at run time above).
-        return unsafe { dot_avx2(x, w) };
-    }
+    W::dot(x, w)
+}
+
+/// The portable build of [`dot`] (the specification the SIMD builds are tested against).
+pub fn dot_f32_portable(x: &[f32], w: &[f32]) -> f32 {
     dot_body(x, w)
+}
+
+/// The portable build of [`dot`] for bf16 weights.
+pub fn dot_bf16_portable(x: &[f32], w: &[bf16]) -> f32 {
+    dot_body(x, w)
+}
+
+/// Fixed-order dot product of `x` and bf16 weights (the kernel the bf16 GEMV uses).
+pub fn dot_bf16(x: &[f32], w: &[bf16]) -> f32 {
+    dot(x, w)
 }
 
 /// Fixed-order dot product of two f32 slices (public for tests and other backends' checks).

@@ -1,0 +1,175 @@
+//! Paired ratios for a shared machine: GEMV against a plain streaming read of the same number
+//! of bytes, and GEMM against `matrixmultiply::sgemm`, timed alternately round after round
+//! so that both sides of each ratio see the same load. Prints the median ratio (and the
+//! spread) for 1 and 2 threads.
+//!
+//!   cargo bench -p deepinfer-kernels --bench paired
+//!
+//! Criterion's sequential groups (`--bench kernels`) give absolute figures; on a loaded
+//! machine their ratios drift with the load between groups, which this bench avoids.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use deepinfer_kernels::{Backend, CpuBackend, CpuConfig};
+use rayon::prelude::*;
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// A plain streaming read: the wrapping sum of every 32-bit word, split into one contiguous
+/// range per thread (the bandwidth baseline).
+fn stream_read(words: &[u32], threads: usize) -> u32 {
+    words
+        .par_chunks(words.len().div_ceil(threads))
+        .map(|c| {
+            let mut acc = [0u32; 16];
+            for ch in c.chunks_exact(16) {
+                for l in 0..16 {
+                    acc[l] = acc[l].wrapping_add(ch[l]);
+                }
+            }
+            acc.iter().fold(0u32, |a, &b| a.wrapping_add(b))
+        })
+        .reduce(|| 0, |a, b| a.wrapping_add(b))
+}
+
+fn secs(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// Median, min and max.
+fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn gemv(threads: usize, rounds: usize) {
+    let bytes = 64usize << 20;
+    let k = 4096;
+    let b = CpuBackend::with_config(CpuConfig {
+        batch_invariant: false,
+        threads: Some(threads),
+    })
+    .unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let words: Vec<u32> = data(bytes / 4, 1).iter().map(|v| v.to_bits()).collect();
+    let x = b.upload_f32(&data(k, 2), &[1, k]).unwrap();
+    let n32 = bytes / 4 / k;
+    let w32 = b.upload_f32(&data(n32 * k, 3), &[n32, k]).unwrap();
+    let n16 = bytes / 2 / k;
+    let wb: Vec<half::bf16> = data(n16 * k, 4)
+        .iter()
+        .map(|&v| half::bf16::from_f32(v))
+        .collect();
+    let wb = b.upload_bf16(&wb, &[n16, k]).unwrap();
+    let (mut r32, mut r16, mut bw) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds + 2 {
+        let ts = secs(|| {
+            black_box(pool.install(|| stream_read(black_box(&words), threads)));
+        });
+        let t32 = secs(|| {
+            black_box(b.matmul(&x, &w32).unwrap());
+        });
+        let t16 = secs(|| {
+            black_box(b.matmul(&x, &wb).unwrap());
+        });
+        if round >= 2 {
+            // Same bytes on both sides: the time ratio is the bandwidth ratio.
+            r32.push(ts / t32);
+            r16.push(ts / t16);
+            bw.push(bytes as f64 / ts / 1e9);
+        }
+    }
+    let (m, lo, hi) = summary(bw);
+    println!(
+        "gemv threads={threads}: stream read {m:.2} GB/s (min {lo:.2}, max {hi:.2}), 64 MiB, {rounds} rounds"
+    );
+    for (name, r) in [("f32  4096x4096", r32), ("bf16 8192x4096", r16)] {
+        let (m, lo, hi) = summary(r);
+        println!(
+            "gemv threads={threads}: {name} m=1 / stream read = {m:.2} (min {lo:.2}, max {hi:.2})"
+        );
+    }
+}
+
+fn gemm(threads: usize, rounds: usize) {
+    let (m, k, n) = (512usize, 4096usize, 4096usize);
+    let flop = (2 * m * k * n) as f64;
+    let xv = data(m * k, 5);
+    let wv = data(n * k, 6);
+    let b = CpuBackend::with_config(CpuConfig {
+        batch_invariant: false,
+        threads: Some(threads),
+    })
+    .unwrap();
+    let x = b.upload_f32(&xv, &[m, k]).unwrap();
+    let w = b.upload_f32(&wv, &[n, k]).unwrap();
+    let mut out = vec![0.0f32; m * n];
+    let (mut ours, mut theirs, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds + 1 {
+        let tb = secs(|| {
+            black_box(b.matmul(&x, &w).unwrap());
+        });
+        let ts = secs(|| {
+            // SAFETY: x is [m, k] (row stride k), wᵀ is read with strides (1, k) from the
+            // [n, k] buffer, out is [m, n]; all in bounds and out aliases neither input.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    k,
+                    n,
+                    1.0,
+                    xv.as_ptr(),
+                    k as isize,
+                    1,
+                    wv.as_ptr(),
+                    1,
+                    k as isize,
+                    0.0,
+                    out.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
+            black_box(out[0]);
+        });
+        if round >= 1 {
+            ours.push(flop / tb / 1e9);
+            theirs.push(flop / ts / 1e9);
+            ratio.push(ts / tb);
+        }
+    }
+    let (o, _, _) = summary(ours);
+    let (t, _, _) = summary(theirs);
+    let (r, lo, hi) = summary(ratio);
+    println!(
+        "gemm 512x4096x4096 threads={threads}: backend {o:.1} GFLOP/s, matrixmultiply::sgemm (its own single-threaded call) {t:.1} GFLOP/s, ratio {r:.2} (min {lo:.2}, max {hi:.2}), {rounds} rounds"
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs this too, briefly.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let (gv, gm) = if quick { (1, 1) } else { (20, 4) };
+    for threads in [1, 2] {
+        gemv(threads, gv);
+    }
+    for threads in [1, 2] {
+        gemm(threads, gm);
+    }
+}
