@@ -41,6 +41,14 @@ pub enum KvError {
     /// Committed tokens were appended while draft tokens are still pending.
     #[error("sequence {0} has pending draft tokens: accept or roll them back first")]
     DraftsPending(u64),
+    /// `commit_drafts` was given more accepted tokens than there are pending drafts.
+    #[error("cannot commit {accepted} drafts: sequence holds {drafts}")]
+    TooManyAccepted {
+        /// Accepted tokens passed.
+        accepted: usize,
+        /// Draft tokens pending.
+        drafts: usize,
+    },
     /// `mark_computed` was given more tokens than the sequence holds.
     #[error("cannot mark {requested} tokens computed: sequence holds {len}")]
     ComputedPastEnd {

@@ -20,7 +20,7 @@ pub use hash::{BlockHash, BlockHasher, ExtraKeys, HashAlgo, MultiModalItem};
 pub use hit_rule::{HitPlan, HitRule};
 pub use layout::{KvLayout, LayoutPart};
 pub use manager::{
-    AllocateOptions, Allocation, BlockManager, BlockManagerConfig, CopyOp, PrefixMatch,
+    AllocateOptions, Allocation, BlockManager, BlockManagerConfig, CopyOp, PrefixMatch, SeqHandle,
     SequenceUsage, Slot,
 };
 pub use pool::{BlockId, BlockPool, PoolUsage};

@@ -166,10 +166,28 @@ impl Hasher for IdHasher {
     }
 }
 
-type SeqMap = HashMap<u64, Sequence, BuildHasherDefault<IdHasher>>;
+type IdIndex = HashMap<u64, u32, BuildHasherDefault<IdHasher>>;
+
+/// A sequence's place in the manager's table, for callers that touch the same
+/// sequence every step (the decode path): [`BlockManager::append_token`] with a
+/// handle skips the id lookup. A handle names its sequence id too, so one that
+/// outlived its sequence is rejected rather than reaching another sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SeqHandle {
+    index: u32,
+    id: u64,
+}
+
+impl SeqHandle {
+    /// The sequence id the handle was made for.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
 
 #[derive(Debug, Clone)]
 struct Sequence {
+    id: u64,
     blocks: Vec<BlockId>,
     tokens: Vec<u32>,
     committed: usize,
@@ -198,7 +216,10 @@ pub struct BlockManager {
     pool: BlockPool,
     cfg: BlockManagerConfig,
     hasher: BlockHasher,
-    seqs: SeqMap,
+    /// Sequences in a slab (dense indices for handles) plus the id index.
+    seqs: Vec<Option<Sequence>>,
+    free_idx: Vec<u32>,
+    ids: IdIndex,
     stats: CacheStats,
 }
 
@@ -226,7 +247,9 @@ impl BlockManager {
             hasher: BlockHasher::new(cfg.hash_algo, cfg.hash_seed),
             pool,
             cfg,
-            seqs: SeqMap::default(),
+            seqs: Vec::new(),
+            free_idx: Vec::new(),
+            ids: IdIndex::default(),
             stats: CacheStats::default(),
         })
     }
@@ -266,16 +289,57 @@ impl BlockManager {
 
     /// Ids of the sequences that hold blocks.
     pub fn sequence_ids(&self) -> impl Iterator<Item = u64> + '_ {
-        self.seqs.keys().copied()
+        self.ids.keys().copied()
     }
 
     /// True when `seq` holds blocks.
     pub fn contains(&self, seq: u64) -> bool {
-        self.seqs.contains_key(&seq)
+        self.ids.contains_key(&seq)
     }
 
     fn seq(&self, seq: u64) -> Result<&Sequence> {
-        self.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))
+        self.ids
+            .get(&seq)
+            .and_then(|&i| self.seqs[i as usize].as_ref())
+            .ok_or(KvError::UnknownSequence(seq))
+    }
+
+    fn seq_index(&self, seq: u64) -> Result<usize> {
+        self.ids
+            .get(&seq)
+            .map(|&i| i as usize)
+            .ok_or(KvError::UnknownSequence(seq))
+    }
+
+    fn seq_mut(seqs: &mut [Option<Sequence>], index: usize, id: u64) -> Result<&mut Sequence> {
+        seqs.get_mut(index)
+            .and_then(Option::as_mut)
+            .filter(|s| s.id == id)
+            .ok_or(KvError::UnknownSequence(id))
+    }
+
+    fn insert_seq(&mut self, s: Sequence) {
+        let id = s.id;
+        let i = match self.free_idx.pop() {
+            Some(i) => {
+                self.seqs[i as usize] = Some(s);
+                i
+            }
+            None => {
+                self.seqs.push(Some(s));
+                (self.seqs.len() - 1) as u32
+            }
+        };
+        self.ids.insert(id, i);
+    }
+
+    /// A handle on `seq` for [`BlockManager::append_token`] and
+    /// [`BlockManager::append_draft_by_handle`]. Valid until `seq` is freed.
+    pub fn handle(&self, seq: u64) -> Result<SeqHandle> {
+        Ok(SeqHandle {
+            index: self.seq_index(seq)? as u32,
+            id: seq,
+        })
     }
 
     /// The block table of `seq`.
@@ -374,7 +438,7 @@ impl BlockManager {
         prompt: &[u32],
         opts: AllocateOptions<'_>,
     ) -> Result<Allocation> {
-        if self.seqs.contains_key(&seq) {
+        if self.ids.contains_key(&seq) {
             return Err(KvError::SequenceExists(seq));
         }
         let bs = self.cfg.block_size;
@@ -425,22 +489,20 @@ impl BlockManager {
         }
         self.stats.replayed_tokens += plan.replayed_tokens as u64;
         let num_blocks = blocks.len();
-        self.seqs.insert(
-            seq,
-            Sequence {
-                blocks,
-                tokens: {
-                    let mut t = Vec::with_capacity(prompt.len() + bs);
-                    t.extend_from_slice(prompt);
-                    t
-                },
-                committed: prompt.len(),
-                computed: plan.reused_tokens,
-                hashes,
-                registered: reuse,
-                keys: opts.extra_keys,
+        self.insert_seq(Sequence {
+            id: seq,
+            blocks,
+            tokens: {
+                let mut t = Vec::with_capacity(prompt.len() + bs);
+                t.extend_from_slice(prompt);
+                t
             },
-        );
+            committed: prompt.len(),
+            computed: plan.reused_tokens,
+            hashes,
+            registered: reuse,
+            keys: opts.extra_keys,
+        });
         Ok(Allocation {
             plan,
             num_blocks,
@@ -450,16 +512,14 @@ impl BlockManager {
 
     fn append_inner(
         &mut self,
+        index: usize,
         seq: u64,
         tokens: &[u32],
         draft: bool,
         out: &mut Vec<Slot>,
     ) -> Result<()> {
         let bs = self.cfg.block_size;
-        let s = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
+        let s = Self::seq_mut(&mut self.seqs, index, seq)?;
         if !draft && s.committed != s.tokens.len() {
             return Err(KvError::DraftsPending(seq));
         }
@@ -504,7 +564,40 @@ impl BlockManager {
     /// Appends committed tokens to `seq`, allocating blocks as needed, and pushes the slot of
     /// each new token to `out`. All or nothing.
     pub fn append(&mut self, seq: u64, tokens: &[u32], out: &mut Vec<Slot>) -> Result<()> {
-        self.append_inner(seq, tokens, false, out)
+        let i = self.seq_index(seq)?;
+        self.append_inner(i, seq, tokens, false, out)
+    }
+
+    /// Appends one committed token to the sequence of `h` (the decode step) and returns its
+    /// slot. Same rules as [`BlockManager::append`], without the id lookup.
+    pub fn append_token(&mut self, h: SeqHandle, token: u32) -> Result<Slot> {
+        let bs = self.cfg.block_size;
+        let s = Self::seq_mut(&mut self.seqs, h.index as usize, h.id)?;
+        if s.committed != s.tokens.len() {
+            return Err(KvError::DraftsPending(h.id));
+        }
+        // Block tables always hold exactly ceil(len / block_size) blocks.
+        let len = s.tokens.len();
+        if len == s.blocks.len() * bs {
+            s.blocks.push(self.pool.allocate()?);
+        }
+        let idx = s.blocks.len() - 1;
+        s.tokens.push(token);
+        s.committed = len + 1;
+        Ok(Slot {
+            block: s.blocks[idx],
+            offset: (len - idx * bs) as u32,
+        })
+    }
+
+    /// [`BlockManager::append_draft`] through a handle.
+    pub fn append_draft_by_handle(
+        &mut self,
+        h: SeqHandle,
+        tokens: &[u32],
+        out: &mut Vec<Slot>,
+    ) -> Result<()> {
+        self.append_inner(h.index as usize, h.id, tokens, true, out)
     }
 
     /// [`BlockManager::append`] returning a fresh vector.
@@ -518,28 +611,52 @@ impl BlockManager {
     /// with [`BlockManager::accept_drafts`]; rejected ones are removed with
     /// [`BlockManager::rollback`].
     pub fn append_draft(&mut self, seq: u64, tokens: &[u32], out: &mut Vec<Slot>) -> Result<()> {
-        self.append_inner(seq, tokens, true, out)
+        let i = self.seq_index(seq)?;
+        self.append_inner(i, seq, tokens, true, out)
     }
 
     /// Marks every remaining draft token of `seq` as committed (call after rolling back the
     /// rejected ones).
     pub fn accept_drafts(&mut self, seq: u64) -> Result<()> {
-        let s = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
+        let i = self.seq_index(seq)?;
+        let s = Self::seq_mut(&mut self.seqs, i, seq)?;
         s.committed = s.tokens.len();
-        self.register_full(seq);
+        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
         Ok(())
+    }
+
+    /// Commits the first `accepted.len()` pending draft tokens of `seq` under the ids in
+    /// `accepted`, keeping their slots (the engine already wrote their KV there), and rolls back
+    /// the remaining drafts exactly like [`BlockManager::rollback`] (whose [`CopyOp`] it returns).
+    /// Use it when drafts were appended as placeholders whose real ids are known only after
+    /// verification: full blocks that are committed and computed are then registered under the
+    /// hashes of the real ids, so they produce prefix hits. All or nothing; errors when
+    /// `accepted` is longer than the pending drafts.
+    pub fn commit_drafts(&mut self, seq: u64, accepted: &[u32]) -> Result<Option<CopyOp>> {
+        let i = self.seq_index(seq)?;
+        let s = Self::seq_mut(&mut self.seqs, i, seq)?;
+        let drafts = s.tokens.len() - s.committed;
+        if accepted.len() > drafts {
+            return Err(KvError::TooManyAccepted {
+                accepted: accepted.len(),
+                drafts,
+            });
+        }
+        // Roll back first: it is the only step that can fail (a copy-on-write block).
+        let copy = self.rollback(seq, drafts - accepted.len())?;
+        let s = Self::seq_mut(&mut self.seqs, i, seq)?;
+        let c = s.committed;
+        s.tokens[c..c + accepted.len()].copy_from_slice(accepted);
+        s.committed = s.tokens.len();
+        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
+        Ok(copy)
     }
 
     /// Records that the KV of the first `num_tokens` tokens of `seq` has been written. Full
     /// committed blocks up to there become matchable by other requests.
     pub fn mark_computed(&mut self, seq: u64, num_tokens: usize) -> Result<()> {
-        let s = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
+        let i = self.seq_index(seq)?;
+        let s = Self::seq_mut(&mut self.seqs, i, seq)?;
         if num_tokens > s.tokens.len() {
             return Err(KvError::ComputedPastEnd {
                 requested: num_tokens,
@@ -551,19 +668,14 @@ impl BlockManager {
         Ok(())
     }
 
-    fn register_full(&mut self, seq: u64) {
-        if let Some(s) = self.seqs.get_mut(&seq) {
-            register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
-        }
-    }
-
     /// Removes the last `n` tokens of `seq` (rejected speculative tokens, or a truncation).
     /// Blocks left empty are released; if the new last block is partly filled and shared or
     /// cached, it is detached: a cached private block leaves the cache, a shared block is copied
     /// to a fresh one (the returned [`CopyOp`]). All or nothing.
     pub fn rollback(&mut self, seq: u64, n: usize) -> Result<Option<CopyOp>> {
         let bs = self.cfg.block_size;
-        let s = self.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let i = self.seq_index(seq)?;
+        let s = Self::seq_mut(&mut self.seqs, i, seq)?;
         let len = s.tokens.len();
         if n > len {
             return Err(KvError::RollbackPastStart { requested: n, len });
@@ -581,10 +693,7 @@ impl BlockManager {
             let dst = self.pool.allocate()?;
             copy = Some(CopyOp { src: tail, dst });
         }
-        let s = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
+        let s = Self::seq_mut(&mut self.seqs, i, seq)?;
         self.pool.release_all(&s.blocks[keep..])?;
         s.blocks.truncate(keep);
         if let Some(op) = copy {
@@ -605,12 +714,13 @@ impl BlockManager {
     /// shares every full block; a partly filled last block is copied into a fresh block for the
     /// child, and the returned [`CopyOp`] tells the engine to copy it. All or nothing.
     pub fn fork(&mut self, parent: u64, child: u64) -> Result<Option<CopyOp>> {
-        if self.seqs.contains_key(&child) {
+        if self.ids.contains_key(&child) {
             return Err(KvError::SequenceExists(child));
         }
         let bs = self.cfg.block_size;
         let p = self.seq(parent)?;
         let mut c = p.clone();
+        c.id = child;
         let partial = !p.tokens.len().is_multiple_of(bs);
         let mut copy = None;
         if partial {
@@ -625,16 +735,17 @@ impl BlockManager {
         for &b in &c.blocks[..shared] {
             self.pool.retain(b)?;
         }
-        self.seqs.insert(child, c);
+        self.insert_seq(c);
         Ok(copy)
     }
 
     /// Releases every block of `seq`, last block first, and forgets the sequence.
     pub fn free(&mut self, seq: u64) -> Result<()> {
-        let s = self
-            .seqs
-            .remove(&seq)
+        let i = self.ids.remove(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let s = self.seqs[i as usize]
+            .take()
             .ok_or(KvError::UnknownSequence(seq))?;
+        self.free_idx.push(i);
         self.pool.release_all(&s.blocks)
     }
 
@@ -695,7 +806,7 @@ impl BlockManager {
     /// Drops the whole prefix cache (for instance after a weight update).
     pub fn reset_prefix_cache(&mut self) {
         self.pool.clear_cache();
-        for s in self.seqs.values_mut() {
+        for s in self.seqs.iter_mut().flatten() {
             // Blocks already offered stay uncached; new full blocks will be registered again.
             s.registered = s
                 .registered

@@ -1,4 +1,4 @@
-//! Random sequences of allocate / append / draft / accept / compute / rollback / fork / free /
+//! Random sequences of allocate / append / draft / accept / commit / compute / rollback / fork / free /
 //! match / evict / import / reset against a shadow model of every block's contents.
 //!
 //! The shadow records which token each slot of each block holds, as the engine would write it.
@@ -36,6 +36,12 @@ enum Op {
     },
     Accept {
         seq: u64,
+    },
+    /// `commit_drafts` with the first `n` drafts' own ids (rolls back the rest); more than
+    /// the pending drafts must fail and change nothing.
+    Commit {
+        seq: u64,
+        n: usize,
     },
     Compute {
         seq: u64,
@@ -91,6 +97,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (seq.clone(), toks.clone()).prop_map(|(seq, tokens)| Op::Append { seq, tokens }),
         1 => (seq.clone(), toks).prop_map(|(seq, tokens)| Op::Draft { seq, tokens }),
         1 => seq.clone().prop_map(|seq| Op::Accept { seq }),
+        1 => (seq.clone(), 0usize..5).prop_map(|(seq, n)| Op::Commit { seq, n }),
         3 => seq.clone().prop_map(|seq| Op::Compute { seq }),
         2 => (seq.clone(), 0usize..10).prop_map(|(seq, n)| Op::Rollback { seq, n }),
         1 => (seq.clone(), seq.clone()).prop_map(|(parent, child)| Op::Fork { parent, child }),
@@ -274,6 +281,28 @@ fn run(ops: Vec<Op>, window: usize) -> Result<(), TestCaseError> {
                 })
             }
             Op::Accept { seq } => m.accept_drafts(*seq),
+            Op::Commit { seq, n } => {
+                let ids = m.tokens(*seq).map(<[u32]>::to_vec);
+                let committed = m.num_committed(*seq);
+                match (ids, committed) {
+                    (Ok(ids), Ok(c)) => {
+                        let drafts = ids.len() - c;
+                        let accepted: Vec<u32> = if *n <= drafts {
+                            ids[c..c + n].to_vec()
+                        } else {
+                            vec![0; *n]
+                        };
+                        m.commit_drafts(*seq, &accepted).map(|copy| {
+                            if let Some(cp) = copy {
+                                sh.copy(cp.src, cp.dst);
+                            }
+                            let t = sh.seqs.get_mut(seq).unwrap();
+                            t.truncate(c + n);
+                        })
+                    }
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                }
+            }
             Op::Compute { seq } => match m.tokens(*seq).map(<[u32]>::len) {
                 Ok(n) => m.mark_computed(*seq, n),
                 Err(e) => Err(e),
@@ -337,6 +366,7 @@ fn run(ops: Vec<Op>, window: usize) -> Result<(), TestCaseError> {
                             | KvError::OutOfBlocks { .. }
                             | KvError::RollbackPastStart { .. }
                             | KvError::DraftsPending(_)
+                            | KvError::TooManyAccepted { .. }
                     ),
                     "unexpected error {:?} for {:?}",
                     e,
