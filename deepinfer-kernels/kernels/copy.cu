@@ -14,14 +14,20 @@ extern "C" __global__ void copy_blocks_commit(u32* cache, const u32* stage, cons
     cache[(u64)dst[p] * words + w] = stage[t];
 }
 
-extern "C" __global__ void gather_rows_f32(const float* table, const long long* ids, float* out, int n, int row) {
+// Embedding gather: out[i, :] = table[ids[i], :]. An id outside [0, rows) reads nothing and
+// gives a NaN row (the CPU backend rejects it; a kernel cannot return an error).
+extern "C" __global__ void gather_rows_f32(const float* table, const long long* ids, float* out, int n, int row,
+                                           long long rows) {
     u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (u64)n * row) return;
-    out[t] = table[(u64)ids[t / row] * row + t % row];
+    long long id = ids[t / row];
+    out[t] = (id >= 0 && id < rows) ? table[(u64)id * row + t % row] : __int_as_float(0x7fc00000);
 }
 
-extern "C" __global__ void gather_rows_bf16(const u16* table, const long long* ids, float* out, int n, int row) {
+extern "C" __global__ void gather_rows_bf16(const u16* table, const long long* ids, float* out, int n, int row,
+                                            long long rows) {
     u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (u64)n * row) return;
-    out[t] = bf16_to_f32(table[(u64)ids[t / row] * row + t % row]);
+    long long id = ids[t / row];
+    out[t] = (id >= 0 && id < rows) ? bf16_to_f32(table[(u64)id * row + t % row]) : __int_as_float(0x7fc00000);
 }

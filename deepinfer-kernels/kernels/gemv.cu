@@ -31,16 +31,6 @@ extern "C" __global__ void gemv_bf16(const float* __restrict__ x, const u16* __r
 }
 
 // FP8 e4m3 weights with one f32 scale per (block_rows x block_cols) tile.
-__device__ __forceinline__ float e4m3_to_f32(u8 b) {
-    u32 sign = (u32)(b & 0x80) << 24;
-    u32 e = (b >> 3) & 0xf, m = b & 7;
-    float mag;
-    if (e == 0) mag = (float)m * 0.001953125f;  // 2^-9
-    else if (e == 15 && m == 7) mag = __int_as_float(0x7fc00000);
-    else mag = __uint_as_float(((e + 120) << 23) | (m << 20));
-    return __uint_as_float(__float_as_uint(mag) | sign);
-}
-
 extern "C" __global__ void gemv_fp8(const float* __restrict__ x, const u8* __restrict__ w,
                                     const float* __restrict__ scales, float* __restrict__ y,
                                     int m, int n, int k, int block_rows, int block_cols) {
@@ -60,13 +50,6 @@ extern "C" __global__ void gemv_fp8(const float* __restrict__ x, const u8* __res
 
 // FP4 e2m1 weights, two per byte (even column in the low nibble). MXFP4: block 32, UE8M0
 // scales; NVFP4: block 16, E4M3 scales times one f32 tensor scale.
-__device__ __constant__ float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-__device__ __forceinline__ float ue8m0_to_f32(u8 b) {
-    return b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(((u32)b) << 23);
-}
-
 extern "C" __global__ void gemv_fp4(const float* __restrict__ x, const u8* __restrict__ w,
                                     const u8* __restrict__ scales, float* __restrict__ y,
                                     int m, int n, int k, int nvfp4, float tensor_scale) {

@@ -43,3 +43,23 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
 }
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Exact decoders of the quantised formats (the CPU backend's tables, bit for bit).
+__device__ __forceinline__ float e4m3_to_f32(u8 b) {
+    u32 sign = (u32)(b & 0x80) << 24;
+    u32 e = (b >> 3) & 0xf, m = b & 7;
+    float mag;
+    if (e == 0) mag = (float)m * 0.001953125f;  // 2^-9
+    else if (e == 15 && m == 7) mag = __int_as_float(0x7fc00000);
+    else mag = __uint_as_float(((e + 120) << 23) | (m << 20));
+    return __uint_as_float(__float_as_uint(mag) | sign);
+}
+
+// 2^(b - 127); 0 is the subnormal 2^-127, 255 is NaN.
+__device__ __forceinline__ float ue8m0_to_f32(u8 b) {
+    if (b == 255) return __int_as_float(0x7fc00000);
+    return b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(((u32)b) << 23);
+}
+
+__device__ __constant__ float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};

@@ -48,3 +48,29 @@ extern "C" __global__ void quantize_fp8_ue8m0(const float* __restrict__ x, u8* _
     q[b * 32 + lane] = e4m3_code(v / s);
     if (lane == 0) scales[b] = (u8)(p + 127);
 }
+
+// Dequantisation, bit-identical to the CPU backend (one exact multiply per value).
+// FP8 with one f32 scale per (block_rows x block_cols) tile (UE8M0 scales are decoded to f32
+// on upload, exactly).
+extern "C" __global__ void dequantize_fp8(const u8* __restrict__ q, const float* __restrict__ scales,
+                                          float* __restrict__ y, int rows, int cols, int block_rows,
+                                          int block_cols) {
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (u64)rows * cols) return;
+    int r = (int)(t / cols), c = (int)(t % cols);
+    int nbc = (cols + block_cols - 1) / block_cols;
+    y[t] = e4m3_to_f32(q[t]) * scales[(size_t)(r / block_rows) * nbc + c / block_cols];
+}
+
+// MXFP4 (block 32, UE8M0) / NVFP4 (block 16, E4M3 x tensor scale); one thread per byte.
+extern "C" __global__ void dequantize_fp4(const u8* __restrict__ q, const u8* __restrict__ scales,
+                                          float* __restrict__ y, u64 bytes, int nvfp4, float tensor_scale) {
+    u64 p = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= bytes) return;
+    int block = nvfp4 ? 16 : 32;
+    u8 sb = scales[(2 * p) / block];
+    float s = nvfp4 ? e4m3_to_f32(sb) * tensor_scale : ue8m0_to_f32(sb);
+    u8 b = q[p];
+    y[2 * p] = E2M1[b & 15] * s;
+    y[2 * p + 1] = E2M1[b >> 4] * s;
+}

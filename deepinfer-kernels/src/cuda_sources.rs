@@ -24,6 +24,11 @@ pub const SOURCES: &[KernelSource] = &[
         entries: &["gemv_f32", "gemv_bf16", "gemv_fp8", "gemv_fp4"],
     },
     KernelSource {
+        name: "gemv_wide",
+        src: include_str!("../kernels/gemv_wide.cu"),
+        entries: &["gemv_wide_f32", "gemv_wide_bf16"],
+    },
+    KernelSource {
         name: "gemm",
         src: include_str!("../kernels/gemm.cu"),
         entries: &["gemm_f32_tn", "grouped_matmul"],
@@ -94,7 +99,12 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "quant",
         src: include_str!("../kernels/quant.cu"),
-        entries: &["quantize_mxfp4", "quantize_fp8_ue8m0"],
+        entries: &[
+            "quantize_mxfp4",
+            "quantize_fp8_ue8m0",
+            "dequantize_fp8",
+            "dequantize_fp4",
+        ],
     },
 ];
 

@@ -35,6 +35,11 @@ fn every_kernel_compiles_for_sm90a_and_sm100f_without_spills() {
                 k.name
             );
             assert!(c.ptx.contains(".target"), "{} {arch}: no PTX", k.name);
+            if k.name == "gemv_wide" {
+                // The Blackwell variant: 256-bit loads on sm_100f only, 128-bit elsewhere.
+                let wide = c.ptx.contains(".v8.f32") && c.ptx.contains(".v8.b32");
+                assert_eq!(wide, arch == "sm_100f", "gemv_wide {arch}: 256-bit loads");
+            }
             let usage = nvrtc::parse_usage(&c.log);
             for entry in k.entries {
                 let u = usage.iter().find(|u| u.name == *entry).unwrap_or_else(|| {

@@ -4,11 +4,17 @@
 //!
 //! **Compile-checked, not run-checked**: every kernel is compiled for `sm_90a` and `sm_100f`
 //! in CI (no errors, no register spills), but no GPU was available while writing this, so no
-//! kernel result has been compared with the CPU backend on a device yet. `CudaBackend` covers
-//! the decode hot path (GEMV against f32 / bf16 weights, RMSNorm, sampling); it does not yet
-//! implement the whole [`crate::Backend`] trait.
+//! kernel result has been compared with the CPU backend on a device yet
+//! (`tests/cuda_device.rs`, `#[ignore]`d, and `scripts/device-check.sh` do that when a GPU is
+//! present). `CudaBackend` exposes the operations as typed methods on device buffers (GEMV /
+//! GEMM against f32, bf16, FP8 and FP4 weights, RMSNorm, embedding gather, RoPE, SwiGLU, MoE
+//! routing, sink attention, paged block copy, quantise / dequantise, sampling); it does not
+//! implement the [`crate::Backend`] trait itself yet.
 
 pub mod nvrtc;
+mod ops;
+
+pub use ops::CudaQuant;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -40,7 +46,10 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     arch: String,
+    cc: (i32, i32),
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// cuBLAS, created at the first GEMM; `None` inside when libcublas cannot be loaded.
+    blas: std::sync::OnceLock<Option<cudarc::cublas::CudaBlas>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -71,13 +80,20 @@ impl CudaBackend {
             ctx,
             stream,
             arch: arch_for(major, minor),
+            cc: (major, minor),
             modules: Mutex::new(HashMap::new()),
+            blas: std::sync::OnceLock::new(),
         })
     }
 
     /// The NVRTC architecture kernels are compiled for.
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// The device's compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
     }
 
     fn function(&self, file: &'static str, entry: &str) -> Result<CudaFunction> {
@@ -125,7 +141,10 @@ impl CudaBackend {
         n: usize,
         k: usize,
     ) -> Result<CudaSlice<f32>> {
-        self.gemv("gemv_f32", x, w, m, n, k)
+        if self.wide_gemv(k, 8) {
+            return self.gemv("gemv_wide", "gemv_wide_f32", x, w, m, n, k);
+        }
+        self.gemv("gemv", "gemv_f32", x, w, m, n, k)
     }
 
     /// As [`CudaBackend::gemv_f32`] with bf16 weights (raw `u16` bits).
@@ -137,11 +156,23 @@ impl CudaBackend {
         n: usize,
         k: usize,
     ) -> Result<CudaSlice<f32>> {
-        self.gemv("gemv_bf16", x, w, m, n, k)
+        if self.wide_gemv(k, 16) {
+            return self.gemv("gemv_wide", "gemv_wide_bf16", x, w, m, n, k);
+        }
+        self.gemv("gemv", "gemv_bf16", x, w, m, n, k)
     }
 
+    /// Whether GEMV uses the Blackwell kernels of `gemv_wide.cu` (256-bit loads): compute
+    /// capability 10.x and rows a whole number of 32-byte loads (`k % per_load == 0`).
+    /// Elsewhere the portable `gemv.cu` kernels run.
+    pub fn wide_gemv(&self, k: usize, per_load: usize) -> bool {
+        self.cc.0 == 10 && k.is_multiple_of(per_load)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn gemv<W>(
         &self,
+        file: &'static str,
         entry: &str,
         x: &CudaSlice<f32>,
         w: &CudaSlice<W>,
@@ -155,7 +186,7 @@ impl CudaBackend {
                 format!("x {} w {} for m {m} n {n} k {k}", x.len(), w.len()),
             ));
         }
-        let f = self.function("gemv", entry)?;
+        let f = self.function(file, entry)?;
         let mut y = self
             .stream
             .alloc_zeros::<f32>(m * n)

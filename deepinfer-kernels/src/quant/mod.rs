@@ -221,6 +221,33 @@ impl QuantMatrix {
         &self.data
     }
 
+    /// The f32 block scales (FP8 with [`ScaleFormat::F32`]), row-major over the block grid.
+    pub fn scales_f32(&self) -> Option<&[f32]> {
+        match &self.scales {
+            Scales::F32(s) => Some(s),
+            Scales::Bytes(_) => None,
+        }
+    }
+
+    /// The raw scale bytes (UE8M0 for FP8 / MXFP4, E4M3 for NVFP4), row-major over the block
+    /// grid.
+    pub fn scale_bytes(&self) -> Option<&[u8]> {
+        match &self.scales {
+            Scales::Bytes(b) => Some(b),
+            Scales::F32(_) => None,
+        }
+    }
+
+    /// Every block scale decoded to f32 (tensor scale included), row-major over the block grid.
+    pub fn decoded_scales(&self) -> Vec<f32> {
+        let nbc = self.cols.div_ceil(self.format.block_cols());
+        let nbr = self.rows.div_ceil(self.format.block_rows());
+        let br = self.format.block_rows();
+        (0..nbr * nbc)
+            .map(|i| self.block_scale((i / nbc) * br, i % nbc))
+            .collect()
+    }
+
     /// The NVFP4 per-tensor f32 scale (1 for the other formats).
     pub fn tensor_scale(&self) -> f32 {
         self.tensor_scale
