@@ -1,73 +1,13 @@
 //! schedule() + update() per step with 1,024 running requests and 100 / 10,000 /
 //! 100,000 waiting; the cost must not grow with the waiting count.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use deepinfer_kv::{BlockManager, BlockManagerConfig};
-use deepinfer_sched::{NewRequest, Scheduler, SchedulerConfig, StepOutput};
+use deepinfer_sched::{StepOutput, StepPlan};
 
-const RUNNING: usize = 1024;
-
-fn setup(waiting: usize) -> (Scheduler, u64) {
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 4096,
-        max_num_seqs: RUNNING,
-        max_model_len: 8192,
-        max_chunk_tokens: 512,
-        ..Default::default()
-    };
-    let mut c = BlockManagerConfig::new(80_000, 16);
-    c.watermark = 0.0;
-    let mut s = Scheduler::new(cfg, BlockManager::new(c).unwrap()).unwrap();
-    let mut next = 0u64;
-    // Staggered lengths so a few requests finish (and a few are admitted) every step.
-    for i in 0..RUNNING {
-        s.add_request(NewRequest::new(next, vec![7; 64], 64 + (i * 7) % 512))
-            .unwrap();
-        next += 1;
-    }
-    let mut out = StepOutput::default();
-    // Prefill everyone, then queue the waiting requests.
-    while s.num_waiting() > 0 || s.num_running() < RUNNING {
-        step(&mut s, &mut out, &mut next, 0);
-    }
-    for _ in 0..waiting {
-        s.add_request(NewRequest::new(next, vec![9; 64], 512))
-            .unwrap();
-        next += 1;
-    }
-    (s, next)
-}
-
-/// One step; every finished request is replaced by a new waiting one when `refill` is set.
-fn step(s: &mut Scheduler, out: &mut StepOutput, next: &mut u64, refill: usize) -> Duration {
-    let t0 = Instant::now();
-    let plan = s.schedule().unwrap();
-    let t_sched = t0.elapsed();
-    out.clear(plan.step);
-    for c in &plan.prefill {
-        if c.samples {
-            out.push(c.request, &[1], false);
-        } else {
-            out.push(c.request, &[], false);
-        }
-    }
-    for d in &plan.decode {
-        out.push(d.request, &[1], false);
-    }
-    let t1 = Instant::now();
-    let res = s.update(out).unwrap();
-    let t_update = t1.elapsed();
-    if refill > 0 {
-        for _ in 0..res.finished.len() {
-            s.add_request(NewRequest::new(*next, vec![9; 64], 512))
-                .unwrap();
-            *next += 1;
-        }
-    }
-    t_sched + t_update
-}
+mod workload;
+use workload::{RUNNING, setup, step};
 
 /// Nanoseconds this thread spent on a CPU (Linux schedstat), so figures taken on
 /// a shared, oversubscribed machine exclude time spent waiting for a core.
@@ -80,12 +20,13 @@ fn cpu_report() {
     for waiting in [100usize, 10_000, 100_000] {
         let (mut s, mut next) = setup(waiting);
         let mut out = StepOutput::default();
+        let mut plan = StepPlan::default();
         let steps = 2000;
         // On-CPU time of the whole loop (fake engine included: an upper bound).
         let t0 = cpu_ns();
         let mut wall = Duration::ZERO;
         for _ in 0..steps {
-            wall += step(&mut s, &mut out, &mut next, 1);
+            wall += step(&mut s, &mut plan, &mut out, &mut next, 1);
         }
         let cpu = cpu_ns()
             .zip(t0)
@@ -107,11 +48,12 @@ fn bench(c: &mut Criterion) {
     for waiting in [100usize, 10_000, 100_000] {
         let (mut s, mut next) = setup(waiting);
         let mut out = StepOutput::default();
+        let mut plan = StepPlan::default();
         g.bench_with_input(BenchmarkId::from_parameter(waiting), &waiting, |b, _| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    total += step(&mut s, &mut out, &mut next, 1);
+                    total += step(&mut s, &mut plan, &mut out, &mut next, 1);
                 }
                 total
             })

@@ -16,7 +16,7 @@
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use deepinfer_kv::{AllocateOptions, BlockManager, KvError};
+use deepinfer_kv::{AllocateOptions, BlockManager, KvError, SeqHandle};
 use deepinfer_spec::Planner;
 
 use crate::cost_model::{PrefillCostModel, StepFeatures, StepSample};
@@ -26,8 +26,10 @@ use crate::request::{
     StepPlan, UpdateResult,
 };
 
-/// Token id written into the KV manager for tokens not known yet (draft rows,
-/// and decode inputs still being sampled). Drafts are never prefix-cached.
+/// Token id written into the KV manager for draft rows, whose ids the
+/// scheduler does not know. `update` commits accepted drafts under the ids
+/// the engine reports (`BlockManager::commit_drafts`), so they are cached
+/// under the right hashes.
 pub const PLACEHOLDER_TOKEN: u32 = u32::MAX;
 
 const PLACEHOLDERS: [u32; 16] = [PLACEHOLDER_TOKEN; 16];
@@ -152,6 +154,13 @@ struct Req {
     kv_len: usize,
     /// Placeholder drafts after them.
     kv_drafts: usize,
+    /// The KV sequence's handle (skips the id lookup on the decode path).
+    kv: Option<SeqHandle>,
+    /// Free slots in the sequence's last block (so growth needs no division).
+    kv_room: usize,
+    /// Committed length at which the block holding the next decode input is
+    /// full (then its blocks are reported computed to the prefix cache).
+    next_full: usize,
     /// Row groups of this request in steps in flight.
     inflight: u32,
     /// A row in flight will append tokens to the history.
@@ -264,12 +273,34 @@ pub struct Scheduler {
     stats: SchedStats,
     // Scratch reused across steps.
     deferred: Vec<WaitKey>,
+    /// Row vectors of updated steps, reused by the next plans.
+    spare_rows: Vec<(Vec<FlightRow>, Vec<FlightRow>)>,
     draft_plan: Vec<usize>,
     slot_scratch: Vec<deepinfer_kv::Slot>,
 }
 
 fn div_ceil(a: usize, b: usize) -> usize {
     a.div_ceil(b)
+}
+
+/// Blocks a sequence with `room` free slots in its last block allocates to
+/// grow by `n` tokens (divides only when a block boundary is crossed).
+fn blocks_to_grow(room: usize, n: usize, bs: usize) -> usize {
+    if n <= room {
+        0
+    } else {
+        (n - room).div_ceil(bs)
+    }
+}
+
+/// Free slots in the last block of a sequence of `len` tokens.
+fn room_after(len: usize, bs: usize) -> usize {
+    div_ceil(len, bs) * bs - len
+}
+
+/// Committed length at which the block holding position `len` is full.
+fn next_block_end(len: usize, bs: usize) -> usize {
+    (len / bs + 1) * bs
 }
 
 impl Scheduler {
@@ -301,6 +332,7 @@ impl Scheduler {
             pending_aborted: Vec::new(),
             stats: SchedStats::default(),
             deferred: Vec::new(),
+            spare_rows: Vec::new(),
             draft_plan: Vec::new(),
             slot_scratch: Vec::new(),
         })
@@ -434,6 +466,9 @@ impl Scheduler {
             scheduled: 0,
             kv_len: 0,
             kv_drafts: 0,
+            kv: None,
+            kv_room: 0,
+            next_full: 0,
             inflight: 0,
             sampling_inflight: false,
             confidences: Vec::new(),
@@ -493,6 +528,7 @@ impl Scheduler {
         r.scheduled = 0;
         r.kv_len = 0;
         r.kv_drafts = 0;
+        r.kv = None;
         if had {
             // Full computed blocks go back to the prefix cache.
             let _ = self.kv.free(id);
@@ -548,6 +584,7 @@ impl Scheduler {
         c.arrival = self.next_arrival;
         self.next_arrival += 1;
         c.incarnation = 0;
+        c.kv = self.kv.handle(child).ok();
         let slot = match self.free_slots.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(c);
@@ -606,22 +643,36 @@ impl Scheduler {
     /// scheduling: requests whose next input is being sampled get provisional
     /// decode rows, fixed by the `update` of the step in flight.
     pub fn schedule(&mut self) -> Result<StepPlan, SchedError> {
+        let mut plan = StepPlan::default();
+        self.schedule_into(&mut plan)?;
+        Ok(plan)
+    }
+
+    /// [`Scheduler::schedule`] into a plan whose vectors are reused (cleared
+    /// first), so a steady decode loop allocates nothing per step.
+    pub fn schedule_into(&mut self, plan: &mut StepPlan) -> Result<(), SchedError> {
         if self.flights.len() >= 2 {
             return Err(SchedError::TooManyInFlight);
         }
         let step = self.next_step;
         self.next_step += 1;
         self.stats.steps += 1;
-        let mut plan = StepPlan {
-            step,
-            block_copies: std::mem::take(&mut self.pending_copies),
-            aborted: std::mem::take(&mut self.pending_aborted),
-            decode: Vec::with_capacity(self.running.len()),
-            ..Default::default()
-        };
-        let mut prefill_rows: Vec<FlightRow> = Vec::new();
-        let mut decode_rows: Vec<FlightRow> = Vec::with_capacity(self.running.len());
+        plan.step = step;
+        plan.prefill.clear();
+        plan.decode.clear();
+        plan.decode.reserve(self.running.len());
+        plan.block_copies.clear();
+        plan.block_copies.append(&mut self.pending_copies);
+        plan.aborted.clear();
+        plan.aborted.append(&mut self.pending_aborted);
+        plan.preempted.clear();
+        plan.num_tokens = 0;
+        plan.predicted_ms = None;
+        let (mut prefill_rows, mut decode_rows) = self.spare_rows.pop().unwrap_or_default();
+        decode_rows.reserve(self.running.len());
         let mut features = StepFeatures::default();
+        // Σ q·(q + c) and Σ (q + c) of the decode rows.
+        let (mut dec_quad, mut dec_lin) = (0u64, 0u64);
         let mut tokens_left = self.cfg.max_num_batched_tokens;
         let mut seqs_left = self.cfg.max_num_seqs;
         // Blocks promised to provisional rows materialised at the next update.
@@ -633,6 +684,8 @@ impl Scheduler {
             _ => f64::INFINITY,
         };
 
+        let dec_cost =
+            |quad: u64, lin: u64| coef.map_or(0.0, |c| c.a * quad as f64 + c.b * lin as f64);
         self.plan_drafts();
 
         // Running requests first, in priority / arrival order.
@@ -652,7 +705,7 @@ impl Scheduler {
                     start,
                     remaining,
                     tokens_left,
-                    time_left,
+                    time_left - dec_cost(dec_quad, dec_lin),
                     prefill_rows.is_empty() && decode_rows.is_empty(),
                 );
                 if q == 0 {
@@ -716,7 +769,7 @@ impl Scheduler {
             let ok = if provisional {
                 // After the update the sequence holds at most its current tokens
                 // (drafts in flight included) plus these rows.
-                let need = self.blocks_to_grow(r, 1 + k);
+                let need = blocks_to_grow(r.kv_room, 1 + k, self.kv.block_size());
                 if need + reserved_blocks <= self.kv.pool().num_free() {
                     reserved_blocks += need;
                     true
@@ -743,10 +796,9 @@ impl Scheduler {
             }
             r.inflight += 1;
             r.sampling_inflight = true;
-            features.add(1 + k, position);
-            if let Some(c) = coef {
-                time_left -= c.chunk(1 + k, position);
-            }
+            // Integer sums: folded into the features (and the time left) once.
+            dec_quad += ((1 + k) * (1 + k + position)) as u64;
+            dec_lin += (1 + k + position) as u64;
             tokens_left -= 1 + k;
             seqs_left -= 1;
             plan.decode.push(DecodeRow {
@@ -809,8 +861,8 @@ impl Scheduler {
                     ..Default::default()
                 },
             );
-            let reused = match alloc {
-                Ok(a) => a.plan.reused_tokens,
+            let (reused, nblocks) = match alloc {
+                Ok(a) => (a.plan.reused_tokens, a.num_blocks),
                 Err(KvError::OutOfBlocks { .. }) => {
                     self.deferred.push(key);
                     break;
@@ -827,7 +879,7 @@ impl Scheduler {
                 reused,
                 remaining,
                 tokens_left,
-                time_left,
+                time_left - dec_cost(dec_quad, dec_lin),
                 prefill_rows.is_empty() && decode_rows.is_empty(),
             );
             // Without chunking a prompt waits until it fits whole; one that can
@@ -847,9 +899,14 @@ impl Scheduler {
             }
             self.stats.cached_tokens += reused as u64;
             let samples = reused + q == known;
+            let bs = self.kv.block_size();
+            let handle = self.kv.handle(id).ok();
             let r = self.req_mut(key.slot);
             r.kv_len = known;
             r.kv_drafts = 0;
+            r.kv = handle;
+            r.kv_room = nblocks * bs - known;
+            r.next_full = next_block_end(known, bs);
             r.scheduled = reused + q;
             r.inflight += 1;
             r.sampling_inflight = samples;
@@ -885,6 +942,8 @@ impl Scheduler {
             self.num_waiting += 1;
         }
 
+        features.quad += dec_quad as f64;
+        features.lin += dec_lin as f64;
         plan.num_tokens = self.cfg.max_num_batched_tokens - tokens_left;
         plan.predicted_ms = coef.map(|c| c.step(&features));
         self.flights.push_back(Flight {
@@ -894,7 +953,7 @@ impl Scheduler {
             features,
             num_tokens: plan.num_tokens,
         });
-        Ok(plan)
+        Ok(())
     }
 
     /// Chunk length for a prefill from `start` with `remaining` tokens left.
@@ -921,47 +980,45 @@ impl Scheduler {
 
     /// Append the known input token and `k` placeholder drafts of a decode row.
     fn append_rows(&mut self, slot: u32, k: usize, reserved: usize) -> bool {
-        let r = self.req(slot);
-        let id = r.id;
-        let input = r.tokens[r.tokens.len() - 1];
-        let need = self.blocks_to_grow(r, 1 + k);
-        if need + reserved > self.kv.pool().num_free() {
-            return false;
-        }
-        self.slot_scratch.clear();
-        if self
-            .kv
-            .append(id, &[input], &mut self.slot_scratch)
-            .is_err()
-        {
-            return false;
-        }
-        let mut left = k;
-        while left > 0 {
-            let n = left.min(PLACEHOLDERS.len());
-            // Cannot fail: the blocks were counted above.
-            if self
-                .kv
-                .append_draft(id, &PLACEHOLDERS[..n], &mut self.slot_scratch)
-                .is_err()
-            {
-                break;
-            }
-            left -= n;
-        }
-        let r = self.req_mut(slot);
-        r.kv_len += 1;
-        r.kv_drafts = k - left;
-        true
-    }
-
-    /// Blocks the KV manager allocates when `r`'s sequence grows by `n` tokens
-    /// (it holds exactly `ceil(len / block_size)` blocks), computed here so the
-    /// hot path does one manager call per row, not three.
-    fn blocks_to_grow(&self, r: &Req, n: usize) -> usize {
         let bs = self.kv.block_size();
-        let len = r.kv_len + r.kv_drafts;
-        div_ceil(len + n, bs) - div_ceil(len, bs)
+        let free = self.kv.pool().num_free();
+        let Some(r) = self.slots[slot as usize].as_mut() else {
+            return false;
+        };
+        let need = blocks_to_grow(r.kv_room, 1 + k, bs);
+        if need + reserved > free {
+            return false;
+        }
+        let Some(h) = r.kv else { return false };
+        let input = r.tokens[r.tokens.len() - 1];
+        if self.kv.append_token(h, input).is_err() {
+            return false;
+        }
+        r.kv_len += 1;
+        r.kv_room = r.kv_room + need * bs - 1 - k;
+        if k > 0 {
+            self.slot_scratch.clear();
+            let mut left = k;
+            while left > 0 {
+                let n = left.min(PLACEHOLDERS.len());
+                // Cannot fail: the blocks were counted above.
+                if self
+                    .kv
+                    .append_draft_by_handle(h, &PLACEHOLDERS[..n], &mut self.slot_scratch)
+                    .is_err()
+                {
+                    break;
+                }
+                left -= n;
+            }
+            r.kv_drafts = k - left;
+            if left > 0 {
+                r.kv_room = room_after(r.kv_len + r.kv_drafts, bs);
+            }
+        } else {
+            r.kv_drafts = 0;
+        }
+        true
     }
 
     /// Draft rows per running request (indexed like `running`) for this step.
@@ -1011,34 +1068,18 @@ impl Scheduler {
                 out.step, flight.step
             )));
         }
-        let live_rows = flight
-            .prefill
-            .iter()
-            .chain(&flight.rows)
-            .filter(|r| !r.cancelled)
-            .count();
-        if out.rows.len() != live_rows {
-            return Err(SchedError::OutputMismatch(format!(
-                "{} row groups for a plan of {live_rows}",
-                out.rows.len()
-            )));
-        }
-        let ntok: usize = out.rows.iter().map(|r| r.num_tokens as usize).sum();
-        let nconf: usize = out.rows.iter().map(|r| r.num_confidences as usize).sum();
-        if ntok != out.tokens.len() || nconf != out.confidences.len() {
-            return Err(SchedError::OutputMismatch(
-                "row counts do not match the flat buffers".into(),
-            ));
-        }
         // Check every row before changing anything, so a bad output is rejected whole.
-        for (j, (fr, o)) in flight
-            .prefill
-            .iter()
-            .chain(&flight.rows)
-            .filter(|r| !r.cancelled)
-            .zip(&out.rows)
-            .enumerate()
-        {
+        let (mut j, mut ntok, mut nconf) = (0usize, 0usize, 0usize);
+        for fr in flight.prefill.iter().chain(&flight.rows) {
+            if fr.cancelled {
+                continue;
+            }
+            let Some(o) = out.rows.get(j) else {
+                return Err(SchedError::OutputMismatch(format!(
+                    "{} row groups for a plan of more",
+                    out.rows.len()
+                )));
+            };
             let n = o.num_tokens as usize;
             let (min, max) = match fr.kind {
                 RowKind::Prefill { samples, .. } => (usize::from(samples), usize::from(samples)),
@@ -1050,6 +1091,20 @@ impl Scheduler {
                     fr.id, o.request
                 )));
             }
+            ntok += n;
+            nconf += o.num_confidences as usize;
+            j += 1;
+        }
+        if out.rows.len() != j {
+            return Err(SchedError::OutputMismatch(format!(
+                "{} row groups for a plan of {j}",
+                out.rows.len()
+            )));
+        }
+        if ntok != out.tokens.len() || nconf != out.confidences.len() {
+            return Err(SchedError::OutputMismatch(
+                "row counts do not match the flat buffers".into(),
+            ));
         }
         let Some(flight) = self.flights.pop_front() else {
             return Err(SchedError::NoStepInFlight);
@@ -1086,25 +1141,24 @@ impl Scheduler {
                 RowKind::Decode { drafts, .. } => {
                     let accepted = toks.len().saturating_sub(1).min(drafts);
                     if same_kv {
-                        let reject = r.kv_drafts.min(drafts) - accepted.min(r.kv_drafts);
-                        if reject > 0
-                            && let Some(c) = self.kv.rollback(r.id, reject)?
-                        {
-                            self.pending_copies.push(c);
-                        }
+                        let bs = self.kv.block_size();
                         if r.kv_drafts > 0 {
-                            // Accepted drafts keep their slots (see PLACEHOLDER_TOKEN).
-                            self.kv.accept_drafts(r.id)?;
+                            // Accepted drafts keep their slots and get their real ids;
+                            // the rest are rolled back.
+                            let n = accepted.min(r.kv_drafts);
+                            if let Some(c) = self.kv.commit_drafts(r.id, &toks[..n])? {
+                                self.pending_copies.push(c);
+                            }
+                            r.kv_room = room_after(r.kv_len + n, bs);
                         }
-                        let before = r.kv_len;
                         r.kv_len += accepted;
                         r.kv_drafts = 0;
                         // Accepted drafts were computed by this step.
                         r.scheduled += accepted;
                         // Only full blocks become cacheable: tell the manager when one fills.
-                        let bs = self.kv.block_size();
-                        if r.kv_len / bs > (before - 1) / bs {
+                        if r.kv_len >= r.next_full {
                             self.kv.mark_computed(r.id, r.kv_len)?;
+                            r.next_full = next_block_end(r.kv_len, bs);
                         }
                     }
                 }
@@ -1170,6 +1224,16 @@ impl Scheduler {
             {
                 let _ = p.observe(flight.num_tokens, ms);
             }
+        }
+        if self.spare_rows.len() < 2 {
+            let Flight {
+                mut prefill,
+                mut rows,
+                ..
+            } = flight;
+            prefill.clear();
+            rows.clear();
+            self.spare_rows.push((prefill, rows));
         }
 
         self.reconcile_pending(&mut res);

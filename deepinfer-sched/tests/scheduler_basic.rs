@@ -185,6 +185,29 @@ fn fixed_speculation_rolls_back_rejected_drafts() {
 }
 
 #[test]
+fn accepted_drafts_are_cached_under_their_real_ids() {
+    // Drafts enter the KV manager as placeholders; `update` commits the
+    // accepted ones under the engine's ids, so a later request whose prompt is
+    // the whole history hits every full block, generated ones included.
+    let mut c = cfg();
+    c.spec = SpecMode::Fixed(3);
+    let mut s = scheduler(c, 64, 16);
+    s.add_request(req(1, 20, 30)).unwrap();
+    let (done, plans) = drive_sync(&mut s, 200);
+    assert!(plans.iter().any(|p| p.decode.iter().any(|d| d.drafts > 0)));
+    let mut history = prompt(1, 20);
+    history.extend_from_slice(&done[0].output);
+    assert_eq!(history.len(), 50);
+    // Some drafts were accepted (fewer decode rows than generated tokens).
+    let decode_rows: usize = plans.iter().map(|p| p.decode.len()).sum();
+    assert!(decode_rows < 29, "{decode_rows} decode rows");
+    s.add_request(NewRequest::new(2, history, 1)).unwrap();
+    let p = s.schedule().unwrap();
+    // 48 = the three full blocks (the hit rule leaves the last token to compute).
+    assert_eq!(p.prefill[0].start, 48, "{p:?}");
+}
+
+#[test]
 fn fork_copies_the_partial_block() {
     let mut s = scheduler(cfg(), 64, 16);
     s.add_request(req(1, 20, 30)).unwrap();
