@@ -122,6 +122,16 @@ impl CudaBackend {
         module.load_function(entry).map_err(dev("load function"))
     }
 
+    /// Waits for all work queued on the backend's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(dev("synchronize"))
+    }
+
+    /// A device-to-device copy of `src` (for bandwidth baselines and scratch buffers).
+    pub fn copy<T: cudarc::driver::DeviceRepr>(&self, src: &CudaSlice<T>) -> Result<CudaSlice<T>> {
+        self.stream.clone_dtod(src).map_err(dev("copy"))
+    }
+
     /// Copies host data to the device.
     pub fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
         self.stream.clone_htod(data).map_err(dev("upload"))
