@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use deepinfer_kernels::quant::reference::quantize_reference;
 use deepinfer_kernels::{QuantFormat, QuantMatrix, ScaleFormat};
 
 /// Nanoseconds of CPU time consumed by the calling thread.
@@ -142,6 +143,10 @@ fn quant(c: &mut Criterion<ThreadCpuTime>) {
     for (name, f) in formats {
         g.bench_function(format!("quantize_{name}"), |bch| {
             bch.iter(|| black_box(QuantMatrix::quantize(&x, rows, cols, f).unwrap()))
+        });
+        // The per-element reference the fast path is tested against, bit for bit.
+        g.bench_function(format!("quantize_reference_{name}"), |bch| {
+            bch.iter(|| black_box(quantize_reference(&x, rows, cols, f).unwrap()))
         });
         let q = QuantMatrix::quantize(&x, rows, cols, f).unwrap();
         // Into a reused buffer: the kernel's throughput, not the page faults of a fresh
