@@ -3,12 +3,13 @@
 //! `cargo test -p deepinfer-kernels --release --test cuda_device -- --ignored --nocapture --test-threads=1`).
 //!
 //! Contract checked, op by op (one line per op, all ops run before the test fails):
-//! - bit-exact: sampling tokens, MoE expert indices, embedding gather, block copy,
+//! - bit-exact: sampling tokens, MoE expert indices, top-k indices, embedding gather, block copy,
 //!   dequantise (FP8 / MXFP4 / NVFP4), quantise (MXFP4, FP8 1×32 UE8M0: codes and scales);
 //! - GEMV / GEMM (f32, bf16, FP8, FP4 weights): `|gpu - ref| <= 2e-5 · Σ|x_i w_i| + 1e-30`
 //!   per output, `ref` in f64 (the bound of a different f32 summation order at these sizes);
 //!   bf16 GEMM through cuBLAS rounds the activations to bf16 first, so its reference does too;
-//! - RMSNorm, SwiGLU, RoPE, MoE weights, sink attention: `|gpu - cpu| <= 1e-5 · max(1, |cpu|)`
+//! - RMSNorm, softmax, SwiGLU, RoPE, MoE weights, sink attention, indexer scores, compressor
+//!   pooling: `|gpu - cpu| <= 1e-5 · max(1, |cpu|)`
 //!   (libm `expf` / `sincos` / `rsqrtf` differ from Rust's by a few ulp).
 //!
 //! `cuda_bandwidth_report` prints the bandwidth GEMV (f32, bf16; portable and, on SM100, the
@@ -452,6 +453,104 @@ fn cuda_ops_match_cpu() {
             )
             .unwrap();
         r.exact("sample tokens", &got, &want);
+    }
+
+    // ---- softmax, indexer, top-k, compressor -------------------------------------------
+    {
+        let (rows, d) = (7usize, 777usize);
+        let mut x = rng.vec(rows * d, 8.0);
+        x[5] = f32::NEG_INFINITY;
+        for v in &mut x[d..2 * d] {
+            *v = f32::NEG_INFINITY;
+        }
+        let got = g
+            .download(&g.softmax(&g.upload(&x).unwrap(), d).unwrap())
+            .unwrap();
+        let want = c
+            .download_f32(&c.softmax(&c.upload_f32(&x, &[rows, d]).unwrap()).unwrap())
+            .unwrap();
+        r.close("softmax", &got, &want, 1e-5);
+
+        let (s, hi, di, t) = (4usize, 8usize, 64usize, 700usize);
+        let q = rng.vec(s * hi * di, 1.0);
+        let k = rng.vec(t * di, 1.0);
+        let w = rng.vec(s * hi, 1.0);
+        let visible = [700usize, 1, 350, 699];
+        let got = g
+            .download(
+                &g.indexer_scores(
+                    &g.upload(&q).unwrap(),
+                    &g.upload(&k).unwrap(),
+                    &g.upload(&w).unwrap(),
+                    &visible,
+                    hi,
+                    di,
+                    0.125,
+                )
+                .unwrap(),
+            )
+            .unwrap();
+        let scores = c
+            .indexer_scores(
+                &c.upload_f32(&q, &[s, hi, di]).unwrap(),
+                &c.upload_f32(&k, &[t, di]).unwrap(),
+                &c.upload_f32(&w, &[s, hi]).unwrap(),
+                &visible,
+                0.125,
+            )
+            .unwrap();
+        let want = c.download_f32(&scores).unwrap();
+        let finite = |v: &[f32]| {
+            v.iter()
+                .map(|x| if x.is_finite() { *x } else { -1e30 })
+                .collect::<Vec<f32>>()
+        };
+        r.close("indexer_scores", &finite(&got), &finite(&want), 1e-5);
+        // Top-k on the CPU's scores (the same input on both sides: indices bit-exact).
+        let kk = 64usize;
+        let got = g
+            .download(&g.topk(&g.upload(&want).unwrap(), t, kk).unwrap())
+            .unwrap();
+        let want_idx = c.download_i32(&c.topk(&scores, kk).unwrap()).unwrap();
+        r.exact("topk indices", &got, &want_idx);
+
+        for (overlap, first) in [(false, false), (true, false), (true, true)] {
+            let (n, ratio, cdim) = (6usize, 4usize, 40usize);
+            let width = if overlap { 2 * cdim } else { cdim };
+            let a = rng.vec(n * ratio * width, 1.0);
+            let z = rng.vec(n * ratio * width, 3.0);
+            let got = g
+                .download(
+                    &g.compress_pool(
+                        &g.upload(&a).unwrap(),
+                        &g.upload(&z).unwrap(),
+                        width,
+                        ratio,
+                        overlap,
+                        first,
+                    )
+                    .unwrap(),
+                )
+                .unwrap();
+            let want = c
+                .download_f32(
+                    &c.compress_pool(
+                        &c.upload_f32(&a, &[n * ratio, width]).unwrap(),
+                        &c.upload_f32(&z, &[n * ratio, width]).unwrap(),
+                        ratio,
+                        overlap,
+                        first,
+                    )
+                    .unwrap(),
+                )
+                .unwrap();
+            r.close(
+                &format!("compress_pool overlap={overlap} first_is_context={first}"),
+                &got,
+                &want,
+                1e-5,
+            );
+        }
     }
 
     println!("{}", r.lines.join("\n"));

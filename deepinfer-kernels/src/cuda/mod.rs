@@ -7,9 +7,10 @@
 //! kernel result has been compared with the CPU backend on a device yet
 //! (`tests/cuda_device.rs`, `#[ignore]`d, and `scripts/device-check.sh` do that when a GPU is
 //! present). `CudaBackend` exposes the operations as typed methods on device buffers (GEMV /
-//! GEMM against f32, bf16, FP8 and FP4 weights, RMSNorm, embedding gather, RoPE, SwiGLU, MoE
-//! routing, sink attention, paged block copy, quantise / dequantise, sampling); it does not
-//! implement the [`crate::Backend`] trait itself yet.
+//! GEMM against f32, bf16, FP8 and FP4 weights, RMSNorm, softmax, embedding gather, RoPE,
+//! SwiGLU, MoE routing, sink attention, indexer scores, top-k, compressor pooling, paged block
+//! copy, quantise / dequantise, sampling); it does not implement the [`crate::Backend`] trait
+//! itself yet.
 
 pub mod nvrtc;
 mod ops;

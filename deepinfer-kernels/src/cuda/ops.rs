@@ -706,4 +706,160 @@ impl CudaBackend {
         unsafe { b.launch(grid1(total)) }.map_err(dev("launch copy commit"))?;
         Ok(())
     }
+
+    // ---- softmax, indexer, top-k, compressor -----------------------------------------------
+
+    /// Softmax along rows of length `d` (`-inf` entries get 0; an all `-inf` row gives zeros).
+    pub fn softmax(&self, x: &CudaSlice<f32>, d: usize) -> Result<CudaSlice<f32>> {
+        const OP: &str = "softmax";
+        if d == 0 || !x.len().is_multiple_of(d) {
+            return Err(shape_err(OP, format!("x {} d {d}", x.len())));
+        }
+        let f = self.function("norm", "softmax_rows")?;
+        let mut y = self.alloc::<f32>(x.len())?;
+        let di = i32_of(OP, d)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((x.len() / d) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 256 * 4,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(&mut y).arg(&di);
+        // SAFETY: (x, y, d) matches `softmax_rows`; one 256-thread block per row with 256
+        // floats of shared memory for the reductions.
+        unsafe { b.launch(cfg) }.map_err(dev("launch softmax"))?;
+        Ok(y)
+    }
+
+    /// Top-k along rows of length `t_len`, largest first, ties to the lower index; picks whose
+    /// value is `-inf` (or past the row) are `-1` → `[rows, k]`, as [`crate::Backend::topk`].
+    pub fn topk(&self, x: &CudaSlice<f32>, t_len: usize, k: usize) -> Result<CudaSlice<i32>> {
+        const OP: &str = "topk";
+        if t_len == 0 || !x.len().is_multiple_of(t_len) || k == 0 {
+            return Err(shape_err(OP, format!("x {} row {t_len} k {k}", x.len())));
+        }
+        let rows = x.len() / t_len;
+        let f = self.function("indexer", "topk_rows")?;
+        let mut scratch = self.alloc::<f32>(x.len())?;
+        let mut out = self.alloc::<i32>(rows * k)?;
+        let (ti, ki) = (i32_of(OP, t_len)?, i32_of(OP, k)?);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(&mut scratch).arg(&mut out).arg(&ti).arg(&ki);
+        // SAFETY: (x, scratch, out, t_len, k) matches `topk_rows`; one 256-thread block per
+        // row (its static shared arrays are sized for 256), scratch as large as x.
+        unsafe { b.launch(cfg) }.map_err(dev("launch topk"))?;
+        Ok(out)
+    }
+
+    /// Lightning-indexer scores: `q[S, hi, di]`, `k[T, di]`, `w[S, hi]` →
+    /// `scale · Σ_h w[s,h] · relu(q[s,h]·k[t])` as `[S, T]`, `-inf` for `t >= visible[s]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn indexer_scores(
+        &self,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        visible: &[usize],
+        hi: usize,
+        di: usize,
+        scale: f32,
+    ) -> Result<CudaSlice<f32>> {
+        const OP: &str = "indexer_scores";
+        let s_len = visible.len();
+        if di == 0
+            || q.len() != s_len * hi * di
+            || w.len() != s_len * hi
+            || !k.len().is_multiple_of(di)
+        {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "q {} k {} w {} for S {s_len} hi {hi} di {di}",
+                    q.len(),
+                    k.len(),
+                    w.len()
+                ),
+            ));
+        }
+        let t_len = k.len() / di;
+        let vis: Vec<i32> = visible.iter().map(|&v| v.min(t_len) as i32).collect();
+        let vis = self.upload(&vis)?;
+        let f = self.function("indexer", "indexer_scores")?;
+        let mut out = self.alloc::<f32>(s_len * t_len)?;
+        let (si, hii, dii, ti) = (
+            i32_of(OP, s_len)?,
+            i32_of(OP, hi)?,
+            i32_of(OP, di)?,
+            i32_of(OP, t_len)?,
+        );
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(q)
+            .arg(k)
+            .arg(w)
+            .arg(&vis)
+            .arg(&mut out)
+            .arg(&si)
+            .arg(&hii)
+            .arg(&dii)
+            .arg(&ti)
+            .arg(&scale);
+        // SAFETY: the arguments match `indexer_scores`; buffer sizes checked above, one
+        // thread per (s, t) output.
+        unsafe { b.launch(grid1(s_len * t_len)) }.map_err(dev("launch indexer_scores"))?;
+        Ok(out)
+    }
+
+    /// KV-compressor gated pooling with the semantics of [`crate::Backend::compress_pool`]:
+    /// `a`, `z` are `[n * ratio, width]` (`width = 2c` with `overlap`, else `c`) → `[n_out, c]`.
+    pub fn compress_pool(
+        &self,
+        a: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        width: usize,
+        ratio: usize,
+        overlap: bool,
+        first_is_context: bool,
+    ) -> Result<CudaSlice<f32>> {
+        const OP: &str = "compress_pool";
+        if width == 0
+            || ratio == 0
+            || a.len() != z.len()
+            || !a.len().is_multiple_of(width * ratio)
+            || (overlap && !width.is_multiple_of(2))
+        {
+            return Err(shape_err(
+                OP,
+                format!("a {} z {} width {width} ratio {ratio}", a.len(), z.len()),
+            ));
+        }
+        let n = a.len() / (width * ratio);
+        let first = usize::from(first_is_context);
+        if n < first {
+            return Err(shape_err(OP, "no group after the context group"));
+        }
+        let n_out = n - first;
+        let c = if overlap { width / 2 } else { width };
+        let f = self.function("compress", "compress_pool")?;
+        let mut out = self.alloc::<f32>(n_out * c)?;
+        let (ni, ri, wi) = (i32_of(OP, n_out)?, i32_of(OP, ratio)?, i32_of(OP, width)?);
+        let (ov, fi) = (i32::from(overlap), first as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(a)
+            .arg(z)
+            .arg(&mut out)
+            .arg(&ni)
+            .arg(&ri)
+            .arg(&wi)
+            .arg(&ov)
+            .arg(&fi);
+        // SAFETY: (a, z, out, n_out, ratio, width, overlap, first) matches `compress_pool`;
+        // a and z hold n*ratio*width floats, out n_out*c.
+        unsafe { b.launch(grid1(n_out * c)) }.map_err(dev("launch compress_pool"))?;
+        Ok(out)
+    }
 }
