@@ -140,11 +140,14 @@ fn stream_parser(c: &mut Criterion) {
         group.bench_function(format!("tokens_per_push_{chunk}"), |b| {
             b.iter(|| {
                 let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
-                let mut events = 0;
+                let mut events = Vec::with_capacity(64);
+                let mut count = 0;
                 for piece in ids.chunks(chunk) {
-                    events += parser.push_tokens(piece).len();
+                    parser.push_tokens_into(piece, &mut events);
+                    count += events.len();
+                    events.clear();
                 }
-                events
+                count
             })
         });
     }

@@ -29,6 +29,23 @@ impl Emitter {
         }
     }
 
+    /// Nothing queued: a text event may be emitted directly.
+    pub fn is_idle(&self) -> bool {
+        self.pieces.is_empty() && self.pending.is_none_or(|(_, len)| len == 0)
+    }
+
+    /// Emit a whole piece of answer or reasoning text directly.
+    pub fn emit_text(&mut self, action: Action, text: String, events: &mut Vec<Event>) {
+        self.previous = Some(action);
+        match action {
+            Action::Reasoning => {
+                self.reasoning.push_str(&text);
+                events.push(Event::Reasoning(text));
+            }
+            _ => events.push(Event::Content(text)),
+        }
+    }
+
     pub fn reasoning(&self) -> &str {
         &self.reasoning
     }
@@ -90,17 +107,20 @@ impl Emitter {
         }
         let first = self.previous != Some(action);
         self.previous = Some(action);
-        let text = || String::from_utf8_lossy(&piece).into_owned();
+
         match action {
-            Action::Content => events.push(Event::Content(text())),
+            Action::Content => events.push(Event::Content(into_text(piece))),
             Action::Reasoning => {
-                let text = text();
+                let text = into_text(piece);
                 self.reasoning.push_str(&text);
                 events.push(Event::Reasoning(text));
             }
             Action::ToSpace => events.push(Event::Content(" ".to_owned())),
             Action::Skip | Action::ToolCallBegin => {}
-            Action::StopSequence => self.stop.get_or_insert_with(String::new).push_str(&text()),
+            Action::StopSequence => self
+                .stop
+                .get_or_insert_with(String::new)
+                .push_str(&into_text(piece)),
             Action::ToolName => self.name.extend_from_slice(&piece),
             Action::ToolNameEnd => {
                 if first {
@@ -119,7 +139,7 @@ impl Emitter {
                 }
             }
             Action::ArgText { string } => {
-                let text = text();
+                let text = into_text(piece);
                 let delta = if string { escape_json(&text) } else { text };
                 events.push(self.args(delta));
             }
@@ -144,6 +164,15 @@ impl Emitter {
             index: self.calls.saturating_sub(1),
             delta,
         }
+    }
+}
+
+/// Pieces are whole UTF-8 runs, so this moves rather than copies (a piece
+/// split inside a character falls back to lossy text).
+fn into_text(piece: Vec<u8>) -> String {
+    match String::from_utf8(piece) {
+        Ok(text) => text,
+        Err(error) => String::from_utf8_lossy(error.as_bytes()).into_owned(),
     }
 }
 

@@ -107,6 +107,8 @@ pub struct StreamParser {
     completion_tokens: u32,
     stopped: bool,
     reserved: Arc<Vec<bool>>,
+    /// Off only in tests that compare the one-pass path with the general one.
+    plain_runs: bool,
 }
 
 impl StreamParser {
@@ -156,6 +158,7 @@ impl StreamParser {
             thinking: options.thinking.is_some(),
             completion_tokens: 0,
             stopped: false,
+            plain_runs: true,
             reserved,
             tokenizer,
         }
@@ -170,29 +173,71 @@ impl StreamParser {
     /// treated as empty tokens.
     pub fn push_tokens(&mut self, ids: &[u32]) -> Vec<Event> {
         let mut events = Vec::new();
-        if self.stopped {
-            return events;
+        self.push_tokens_into(ids, &mut events);
+        events
+    }
+
+    /// [`Self::push_tokens`], appending to a caller's event buffer (no
+    /// allocation for the list itself).
+    pub fn push_tokens_into(&mut self, ids: &[u32], events: &mut Vec<Event>) {
+        if self.stopped || self.push_plain_run(ids, events) {
+            return;
         }
         let table = Arc::clone(&self.tokenizer);
         let bytes = table.token_bytes();
         for &id in ids {
             let token: &[u8] = bytes.get(id as usize).map_or(&[], Vec::as_slice);
             if self.reserved.get(id as usize).copied().unwrap_or(false) {
-                self.flush_plain(true, &mut events);
+                self.flush_plain(true, events);
                 if self.stopped {
-                    return events;
+                    return;
                 }
-                self.feed_piece(token.to_vec(), 1, Provenance::Special, &mut events);
+                self.feed_piece(token.to_vec(), 1, Provenance::Special, events);
                 if self.stopped {
-                    return events;
+                    return;
                 }
             } else {
                 self.pending.extend_from_slice(token);
                 self.pending_tokens += 1;
             }
         }
-        self.flush_plain(false, &mut events);
-        events
+        self.flush_plain(false, events);
+    }
+
+    /// The common case on one pass: a push of ordinary tokens whose text is
+    /// complete UTF-8 and holds no byte that could start markup or a stop
+    /// sequence, while nothing is held back. It becomes one text event,
+    /// exactly as the general path would make it. Returns false (having
+    /// changed nothing) when the push needs the general path.
+    fn push_plain_run(&mut self, ids: &[u32], events: &mut Vec<Event>) -> bool {
+        if !self.plain_runs || !self.pending.is_empty() || !self.emitter.is_idle() {
+            return false;
+        }
+        let Some((action, starts)) = self.scanner.idle_text_action() else {
+            return false;
+        };
+        let table = self.tokenizer.token_bytes();
+        let mut text = Vec::with_capacity(ids.len() * 8);
+        for &id in ids {
+            if self.reserved.get(id as usize).copied().unwrap_or(false) {
+                return false;
+            }
+            let token: &[u8] = table.get(id as usize).map_or(&[], Vec::as_slice);
+            if token.iter().any(|&b| starts[b as usize]) {
+                return false;
+            }
+            text.extend_from_slice(token);
+        }
+        let Ok(text) = String::from_utf8(text) else {
+            return false;
+        };
+        if text.is_empty() {
+            return false;
+        }
+        self.completion_tokens += ids.len() as u32;
+        self.scanner.note_released();
+        self.emitter.emit_text(action, text, events);
+        true
     }
 
     /// Feed text from a backend without token ids (markers then match by
@@ -254,21 +299,17 @@ impl StreamParser {
         if self.pending.is_empty() {
             return;
         }
-        // Keep the whole run while its end is an incomplete character.
-        if !force
-            && let Err(error) = std::str::from_utf8(&self.pending)
-            && error.error_len().is_none()
-        {
-            return;
-        }
-        let bytes = std::mem::take(&mut self.pending);
-        let count = std::mem::take(&mut self.pending_tokens);
-        let text = match String::from_utf8(bytes) {
-            Ok(text) => text.into_bytes(),
-            Err(error) => String::from_utf8_lossy(error.as_bytes())
+        let text = match std::str::from_utf8(&self.pending) {
+            Ok(text) => text.as_bytes().to_vec(),
+            // Keep the whole run while its end is an incomplete character.
+            Err(error) if !force && error.error_len().is_none() => return,
+            Err(_) => String::from_utf8_lossy(&self.pending)
                 .into_owned()
                 .into_bytes(),
         };
+        // `pending` keeps its capacity for the next push.
+        self.pending.clear();
+        let count = std::mem::take(&mut self.pending_tokens);
         self.feed_piece(text, count, Provenance::Plain, events);
     }
 
@@ -286,6 +327,85 @@ impl StreamParser {
         self.emitter.apply(&self.segments, false, events);
         if self.emitter.stop_sequence().is_some() {
             self.stopped = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn tokenizer() -> Arc<PromptTokenizer> {
+        static TOKENIZER: OnceLock<Arc<PromptTokenizer>> = OnceLock::new();
+        TOKENIZER
+            .get_or_init(|| Arc::new(PromptTokenizer::deepseek_v4().expect("vendored tokenizer")))
+            .clone()
+    }
+
+    fn run(ids: &[u32], cuts: &[usize], options: &ParsingOptions, plain_runs: bool) -> Vec<Event> {
+        let mut parser = StreamParser::new(tokenizer(), options);
+        parser.plain_runs = plain_runs;
+        let mut events = Vec::new();
+        let mut at = 0;
+        for &cut in cuts.iter().cycle() {
+            if at >= ids.len() {
+                break;
+            }
+            let end = (at + cut).min(ids.len());
+            parser.push_tokens_into(&ids[at..end], &mut events);
+            at = end;
+        }
+        events.extend(parser.finish(Some(BackendFinish::Stop)));
+        events
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// The one-pass path for plain runs gives exactly the events of the
+        /// general path, for any chunking.
+        #[test]
+        fn plain_runs_match_the_general_path(
+            pieces in prop::collection::vec(prop::sample::select(vec![
+                "Hello", " world", "\n", "\n\n", "<", "</", " calls>", "END", "E", "你好",
+                "é", "{\"a\": 1}", "```json\n", "invoke name=\"f\">", "</think>", "<｜DSML｜",
+                "<｜end▁of▁sentence｜>",
+            ]), 0..40),
+            cuts in prop::collection::vec(1usize..6, 1..10),
+            thinking in any::<bool>(),
+            json in any::<bool>(),
+            split_utf8 in any::<bool>(),
+        ) {
+            let tokenizer = tokenizer();
+            let mut ids = Vec::new();
+            for piece in &pieces {
+                match tokenizer.special_id(piece) {
+                    Some(id) if piece.starts_with("</think") || piece.starts_with("<｜end") => ids.push(id),
+                    _ if *piece == "<｜DSML｜" => {
+                        ids.extend(tokenizer.encode_plain("<").unwrap());
+                        ids.push(tokenizer.special_id("｜DSML｜").unwrap());
+                    }
+                    _ => ids.extend(tokenizer.encode_plain(piece).unwrap()),
+                }
+            }
+            if split_utf8 {
+                // A token that is an incomplete character.
+                let partial = tokenizer.encode_plain("\u{1d518}").unwrap()[0];
+                prop_assert!(std::str::from_utf8(&tokenizer.decode_bytes(&[partial]).unwrap()).is_err());
+                ids.insert(ids.len() / 2, partial);
+            }
+            let options = ParsingOptions {
+                parse_tool_calls: true,
+                starts_in_tool_calls: false,
+                parse_json_output: json,
+                thinking: thinking.then_some(ThinkingStart::ReasoningStart),
+                stop_sequences: vec!["END".into()],
+            };
+            prop_assert_eq!(run(&ids, &cuts, &options, true), run(&ids, &cuts, &options, false));
         }
     }
 }

@@ -294,6 +294,20 @@ impl Scanner {
         }
     }
 
+    /// When nothing is held and the stage releases ordinary bytes as answer
+    /// or reasoning text: that action and the bytes that need the general
+    /// path (they may start a marker).
+    pub fn idle_text_action(&self) -> Option<(Action, &[bool; 256])> {
+        let text = matches!(self.rules.default, Action::Content | Action::Reasoning);
+        (text && self.held.is_empty() && self.stage != Stage::Finished)
+            .then_some((self.rules.default, &self.rules.starts))
+    }
+
+    /// Bytes were released with the default action outside [`Self::feed`].
+    pub fn note_released(&mut self) {
+        self.fresh = false;
+    }
+
     #[cfg(test)]
     pub fn stage(&self) -> Stage {
         self.stage

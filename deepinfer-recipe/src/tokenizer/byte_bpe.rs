@@ -9,6 +9,7 @@
 //! `tokenizers` does) and is used only when the tokenizer's configuration is
 //! exactly the one it implements; anything else goes through `tokenizers`.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -74,6 +75,23 @@ struct Merge {
     id: u32,
 }
 
+/// The fields of a serialized `tokenizers` BPE model this encoder reads.
+#[derive(serde::Deserialize)]
+struct BpeJson<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    dropout: Option<f64>,
+    unk_token: Option<String>,
+    continuing_subword_prefix: Option<String>,
+    end_of_word_suffix: Option<String>,
+    byte_fallback: Option<bool>,
+    ignore_merges: Option<bool>,
+    #[serde(borrow)]
+    vocab: HashMap<Cow<'a, str>, u32, FxBuild>,
+    #[serde(borrow)]
+    merges: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+}
+
 /// Distinguishes encoders so a thread's cache never serves another one.
 static NEXT_ENCODER: AtomicU64 = AtomicU64::new(1);
 
@@ -125,53 +143,42 @@ pub(crate) fn byte_level_chars() -> [char; 256] {
 }
 
 impl ByteBpe {
-    /// Build from a serialized `tokenizers` BPE model (`{"type": "BPE",
-    /// "vocab": {...}, "merges": [...]}`). `None` when the model is not a
-    /// plain byte-level BPE this encoder reproduces exactly.
-    pub(crate) fn from_model_json(model: &serde_json::Value) -> Option<Self> {
-        let object = model.as_object()?;
-        if object.get("type")?.as_str()? != "BPE" {
-            return None;
-        }
+    /// Build from a `tokenizers` model serialized to JSON (`{"type": "BPE",
+    /// "vocab": {...}, "merges": [[left, right], ...]}`). `None` when the
+    /// model is not a plain byte-level BPE this encoder reproduces exactly.
+    pub(crate) fn from_model_json(json: &str) -> Option<Self> {
+        let model: BpeJson<'_> = serde_json::from_str(json).ok()?;
         // Options that change the algorithm: only their neutral values.
-        let neutral = |key: &str| object.get(key).is_none_or(|v| v.is_null() || v == false);
-        if ![
-            "dropout",
-            "unk_token",
-            "continuing_subword_prefix",
-            "end_of_word_suffix",
-        ]
-        .iter()
-        .all(|key| object.get(*key).is_none_or(serde_json::Value::is_null))
-            || !neutral("byte_fallback")
-            || !neutral("ignore_merges")
+        if model.kind != "BPE"
+            || model.dropout.is_some_and(|p| p > 0.0)
+            || model.unk_token.is_some()
+            || model.continuing_subword_prefix.is_some()
+            || model.end_of_word_suffix.is_some()
+            || model.byte_fallback == Some(true)
+            || model.ignore_merges == Some(true)
         {
             return None;
         }
-        let vocab = object.get("vocab")?.as_object()?;
-        let id_of = |token: &str| vocab.get(token).and_then(|v| v.as_u64()).map(|v| v as u32);
+        let vocab = model.vocab;
+        let id_of = |token: &str| vocab.get(token).copied();
         let chars = byte_level_chars();
         let mut byte_ids = [0u32; 256];
         for (slot, c) in byte_ids.iter_mut().zip(chars) {
             *slot = id_of(c.encode_utf8(&mut [0; 4]))?;
         }
-        let list = object.get("merges")?.as_array()?;
-        let mut merges = HashMap::with_capacity_and_hasher(list.len(), FxBuild::default());
-        for (rank, entry) in list.iter().enumerate() {
-            let (left, right) = match entry {
-                serde_json::Value::String(text) => text.split_once(' ')?,
-                serde_json::Value::Array(pair) if pair.len() == 2 => {
-                    (pair[0].as_str()?, pair[1].as_str()?)
-                }
-                _ => return None,
+        let mut merges = HashMap::with_capacity_and_hasher(model.merges.len(), FxBuild::default());
+        let mut joined = String::new();
+        for (rank, (left, right)) in model.merges.iter().enumerate() {
+            joined.clear();
+            joined.push_str(left);
+            joined.push_str(right);
+            let merge = Merge {
+                rank: rank as u32,
+                id: id_of(&joined)?,
             };
-            let merged = id_of(&format!("{left}{right}"))?;
             merges
                 .entry(pair_key(id_of(left)?, id_of(right)?))
-                .or_insert(Merge {
-                    rank: rank as u32,
-                    id: merged,
-                });
+                .or_insert(merge);
         }
         Some(Self {
             serial: NEXT_ENCODER.fetch_add(1, Ordering::Relaxed),

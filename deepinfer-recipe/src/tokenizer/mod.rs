@@ -116,7 +116,7 @@ impl PromptTokenizer {
             serde_json::to_value(pre).ok() == serde_json::from_str(DEEPSEEK_PRE_TOKENIZER).ok()
         });
         let fast = if newline_cuts {
-            serde_json::to_value(tokenizer.get_model())
+            serde_json::to_string(tokenizer.get_model())
                 .ok()
                 .and_then(|model| ByteBpe::from_model_json(&model))
         } else {

@@ -1,0 +1,130 @@
+//! Throughput of prompt encoding and of the stream parser, in wall time and
+//! in this process's CPU time (useful on a shared, loaded machine).
+//!
+//! `cargo run --release --example throughput -p deepinfer-recipe`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deepinfer_recipe::protocol::{ParsingOptions, ThinkingStart};
+use deepinfer_recipe::{
+    Conversation, Message, PromptFormat, PromptTokenizer, Renderer, StreamParser,
+};
+
+/// CPU time (user + system) of this process so far.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name: utime is 14th, stime 15th (1-based).
+    let fields: Vec<&str> = stat.rsplit(") ").next().unwrap_or("").split(' ').collect();
+    let ticks: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+fn corpus(tokens: usize, tokenizer: &PromptTokenizer) -> String {
+    let words = [
+        "the",
+        "model",
+        "reads",
+        "every",
+        "token",
+        "of",
+        "its",
+        "prompt",
+        "before",
+        "answering",
+        "photosynthesis",
+        "converts",
+        "light",
+        "into",
+        "chemical",
+        "energy",
+        "你好",
+        "世界",
+        "fn",
+        "main()",
+        "{",
+        "}",
+        "let",
+        "x",
+        "=",
+        "42;",
+        "println!(\"{x}\");",
+        "über",
+        "naïve",
+    ];
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut paragraph = String::new();
+    for line in 0..400 {
+        for _ in 0..(8 + line % 9) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            paragraph.push_str(words[(state % words.len() as u64) as usize]);
+            paragraph.push(' ');
+        }
+        paragraph.push_str(if line % 5 == 4 { ".\n\n" } else { ".\n" });
+    }
+    let per = tokenizer.encode_plain(&paragraph).unwrap().len();
+    paragraph.repeat(tokens.div_ceil(per))
+}
+
+fn measure(label: &str, units: usize, reps: u32, mut run: impl FnMut()) {
+    let (wall, cpu) = (Instant::now(), cpu_time());
+    for _ in 0..reps {
+        run();
+    }
+    let wall = wall.elapsed() / reps;
+    let cpu = (cpu_time() - cpu) / reps;
+    println!(
+        "{label}: {wall:?} wall ({:.2} M/s), {cpu:?} cpu ({:.2} M/s per cpu-second)",
+        units as f64 / wall.as_secs_f64() / 1e6,
+        units as f64 / cpu.as_secs_f64().max(1e-9) / 1e6
+    );
+}
+
+fn main() {
+    let load = Instant::now();
+    let tokenizer = Arc::new(PromptTokenizer::deepseek_v4().expect("vendored tokenizer"));
+    println!("load: {:?}", load.elapsed());
+    let what = std::env::args().nth(1).unwrap_or_default();
+    if what.is_empty() || what == "encode" {
+        let text = corpus(1_000_000, &tokenizer);
+        let rendered =
+            Renderer::new(PromptFormat::V4).render(&Conversation::new(vec![Message::user(text)]));
+        let n = tokenizer.encode_sequential(&rendered).unwrap().len();
+        measure("encode 1M sequential", n, 5, || {
+            drop(tokenizer.encode_sequential(&rendered))
+        });
+        measure("encode 1M parallel", n, 5, || {
+            drop(tokenizer.encode(&rendered))
+        });
+    }
+    if what.is_empty() || what == "parser" {
+        let mut ids = tokenizer.encode_plain(&corpus(50_000, &tokenizer)).unwrap();
+        ids.push(tokenizer.special_id("</think>").unwrap());
+        ids.extend(tokenizer.encode_plain(&corpus(50_000, &tokenizer)).unwrap());
+        let options = ParsingOptions {
+            parse_tool_calls: true,
+            starts_in_tool_calls: false,
+            parse_json_output: false,
+            thinking: Some(ThinkingStart::ReasoningStart),
+            stop_sequences: vec!["<|stop|>".into()],
+        };
+        for chunk in [1usize, 16] {
+            measure(
+                &format!("parser, {chunk} tokens per push"),
+                ids.len(),
+                20,
+                || {
+                    let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
+                    let mut events = Vec::with_capacity(64);
+                    for piece in ids.chunks(chunk) {
+                        parser.push_tokens_into(piece, &mut events);
+                        events.clear();
+                    }
+                },
+            );
+        }
+    }
+}
