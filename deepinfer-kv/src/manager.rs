@@ -185,12 +185,15 @@ impl SeqHandle {
     }
 }
 
+/// One sequence. `repr(C)` and the alignment keep what the per-token append reads (id,
+/// committed count, token and block lists) in the first cache line of the entry.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 struct Sequence {
     id: u64,
-    blocks: Vec<BlockId>,
-    tokens: Vec<u32>,
     committed: usize,
+    tokens: Vec<u32>,
+    blocks: Vec<BlockId>,
     computed: usize,
     /// Chained hashes of the leading full committed blocks known so far.
     hashes: Vec<BlockHash>,
@@ -570,7 +573,30 @@ impl BlockManager {
 
     /// Appends one committed token to the sequence of `h` (the decode step) and returns its
     /// slot. Same rules as [`BlockManager::append`], without the id lookup.
+    #[inline]
     pub fn append_token(&mut self, h: SeqHandle, token: u32) -> Result<Slot> {
+        let bs = self.cfg.block_size;
+        // Fast path: a live sequence without drafts whose last block has room.
+        if let Some(Some(s)) = self.seqs.get_mut(h.index as usize)
+            && s.id == h.id
+            && s.committed == s.tokens.len()
+            && s.tokens.len() < s.blocks.len() * bs
+        {
+            let len = s.tokens.len();
+            let idx = s.blocks.len() - 1;
+            s.tokens.push(token);
+            s.committed = len + 1;
+            return Ok(Slot {
+                block: s.blocks[idx],
+                offset: (len - idx * bs) as u32,
+            });
+        }
+        self.append_token_slow(h, token)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn append_token_slow(&mut self, h: SeqHandle, token: u32) -> Result<Slot> {
         let bs = self.cfg.block_size;
         let s = Self::seq_mut(&mut self.seqs, h.index as usize, h.id)?;
         if s.committed != s.tokens.len() {
@@ -622,6 +648,19 @@ impl BlockManager {
         let s = Self::seq_mut(&mut self.seqs, i, seq)?;
         s.committed = s.tokens.len();
         register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
+        Ok(())
+    }
+
+    /// Reserves host memory for `additional` more tokens of `seq` (its token list, block table
+    /// and hash list), so a long decode does not reallocate them as it grows. Allocates no
+    /// blocks.
+    pub fn reserve(&mut self, seq: u64, additional: usize) -> Result<()> {
+        let i = self.seq_index(seq)?;
+        let bs = self.cfg.block_size;
+        let s = Self::seq_mut(&mut self.seqs, i, seq)?;
+        s.tokens.reserve(additional);
+        s.blocks.reserve(additional.div_ceil(bs) + 1);
+        s.hashes.reserve(additional.div_ceil(bs) + 1);
         Ok(())
     }
 

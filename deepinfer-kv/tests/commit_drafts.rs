@@ -135,6 +135,25 @@ proptest! {
 }
 
 #[test]
+fn reserve_changes_nothing_visible() {
+    let mut m = manager();
+    m.allocate(1, &[1, 2, 3], Default::default()).unwrap();
+    let before = (
+        m.tokens(1).unwrap().to_vec(),
+        m.block_table(1).unwrap().to_vec(),
+        m.usage(),
+    );
+    m.reserve(1, 1000).unwrap();
+    let after = (
+        m.tokens(1).unwrap().to_vec(),
+        m.block_table(1).unwrap().to_vec(),
+        m.usage(),
+    );
+    assert_eq!(before, after);
+    assert_eq!(m.reserve(2, 1), Err(KvError::UnknownSequence(2)));
+}
+
+#[test]
 fn stale_handle_is_rejected() {
     let mut m = manager();
     m.allocate(5, &[1, 2, 3], Default::default()).unwrap();
