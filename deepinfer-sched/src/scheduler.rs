@@ -34,6 +34,9 @@ pub const PLACEHOLDER_TOKEN: u32 = u32::MAX;
 
 const PLACEHOLDERS: [u32; 16] = [PLACEHOLDER_TOKEN; 16];
 
+/// Most output tokens whose host memory is reserved at admission.
+const RESERVE_TOKENS: usize = 2048;
+
 /// How many draft rows each decode request verifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SpecMode {
@@ -135,27 +138,17 @@ enum Phase {
     Running,
 }
 
+/// A live request. `repr(C)` with the alignment puts what every decode step
+/// reads and writes in the first two cache lines (the rest is cold).
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 struct Req {
-    id: RequestId,
+    // Line 1.
     tokens: Vec<u32>,
-    prompt_len: usize,
-    max_new_tokens: usize,
-    stop_tokens: Vec<u32>,
-    priority: i32,
-    arrival: u64,
-    phase: Phase,
-    /// Bumped whenever the KV sequence is dropped (preemption): rows in flight
-    /// from an older incarnation must not touch the KV manager.
-    incarnation: u32,
     /// Tokens whose KV is computed or scheduled.
     scheduled: usize,
     /// Committed tokens in the KV sequence.
     kv_len: usize,
-    /// Placeholder drafts after them.
-    kv_drafts: usize,
-    /// The KV sequence's handle (skips the id lookup on the decode path).
-    kv: Option<SeqHandle>,
     /// Free slots in the sequence's last block (so growth needs no division).
     kv_room: usize,
     /// Committed length at which the block holding the next decode input is
@@ -163,8 +156,30 @@ struct Req {
     next_full: usize,
     /// Row groups of this request in steps in flight.
     inflight: u32,
+    /// Bumped whenever the KV sequence is dropped (preemption): rows in flight
+    /// from an older incarnation must not touch the KV manager.
+    incarnation: u32,
+    // Line 2.
+    /// The KV sequence's handle (skips the id lookup on the decode path).
+    kv: Option<SeqHandle>,
+    arrival: u64,
+    id: RequestId,
+    /// History length at which the request stops: `prompt_len +
+    /// max_new_tokens`, capped by the context limit.
+    limit: usize,
+    /// Placeholder drafts after the committed tokens.
+    kv_drafts: usize,
+    phase: Phase,
     /// A row in flight will append tokens to the history.
     sampling_inflight: bool,
+    has_stops: bool,
+    /// `confidences` is not empty.
+    has_confs: bool,
+    // Cold.
+    prompt_len: usize,
+    max_new_tokens: usize,
+    stop_tokens: Vec<u32>,
+    priority: i32,
     /// Drafter confidences from the last output (budgeted speculation).
     confidences: Vec<f64>,
     preempted_before: bool,
@@ -453,11 +468,15 @@ impl Scheduler {
         self.validate(&r)?;
         let arrival = self.next_arrival;
         self.next_arrival += 1;
+        let prompt_len = r.prompt.len();
         let req = Req {
             id: r.id,
-            prompt_len: r.prompt.len(),
+            prompt_len,
             tokens: r.prompt,
             max_new_tokens: r.max_new_tokens,
+            limit: (prompt_len + r.max_new_tokens).min(self.max_len),
+            has_stops: !r.stop_tokens.is_empty(),
+            has_confs: false,
             stop_tokens: r.stop_tokens,
             priority: r.priority,
             arrival,
@@ -761,7 +780,11 @@ impl Scheduler {
             // input is being sampled by the step in flight.
             let position = if provisional { known } else { known - 1 };
             let k_plan = self.draft_plan.get(i).copied().unwrap_or(0);
-            let k = self.drafts_for(r, k_plan).min(tokens_left - 1);
+            let k = if k_plan == 0 {
+                0
+            } else {
+                self.drafts_for(r, k_plan).min(tokens_left - 1)
+            };
             let id = r.id;
             let arrival = r.arrival;
             let incarnation = r.incarnation;
@@ -901,7 +924,15 @@ impl Scheduler {
             let samples = reused + q == known;
             let bs = self.kv.block_size();
             let handle = self.kv.handle(id).ok();
+            // Room for the rest of the output (capped), so decoding does not reallocate.
+            let r = self.req(key.slot);
+            let extra = (r.prompt_len + r.max_new_tokens)
+                .min(self.max_len)
+                .saturating_sub(known)
+                .min(RESERVE_TOKENS);
+            let _ = self.kv.reserve(id, extra);
             let r = self.req_mut(key.slot);
+            r.tokens.reserve(extra);
             r.kv_len = known;
             r.kv_drafts = 0;
             r.kv = handle;
@@ -979,6 +1010,7 @@ impl Scheduler {
     }
 
     /// Append the known input token and `k` placeholder drafts of a decode row.
+    #[inline]
     fn append_rows(&mut self, slot: u32, k: usize, reserved: usize) -> bool {
         let bs = self.kv.block_size();
         let free = self.kv.pool().num_free();
@@ -1169,15 +1201,18 @@ impl Scheduler {
             if toks.is_empty() {
                 continue;
             }
-            r.confidences.clear();
-            r.confidences.extend_from_slice(confs);
+            if !confs.is_empty() || r.has_confs {
+                r.confidences.clear();
+                r.confidences.extend_from_slice(confs);
+                r.has_confs = !confs.is_empty();
+            }
             // Append tokens up to the first stop, the token limit or the context limit.
             let mut reason = None;
             for &t in toks {
                 r.tokens.push(t);
-                if r.stop_tokens.contains(&t) {
+                if r.has_stops && r.stop_tokens.contains(&t) {
                     reason = Some(FinishReason::Stop);
-                } else if r.output_len() >= r.max_new_tokens || r.tokens.len() >= self.max_len {
+                } else if r.tokens.len() >= r.limit {
                     reason = Some(FinishReason::Length);
                 }
                 if reason.is_some() {
