@@ -11,7 +11,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use deepinfer_kernels::{Backend, CpuBackend, CpuConfig};
+use deepinfer_kernels::{Backend, CpuBackend, CpuConfig, QuantFormat, QuantMatrix};
 use rayon::prelude::*;
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -77,6 +77,17 @@ fn gemv(threads: usize, rounds: usize) {
         .map(|&v| half::bf16::from_f32(v))
         .collect();
     let wb = b.upload_bf16(&wb, &[n16, k]).unwrap();
+    // Quantised weights of 16384 rows (64 MiB as f32): bytes moved are the packed values and
+    // scales, so their ratio is in weight bytes per second, not f32 bytes.
+    let nq = bytes / 4 / k * 4;
+    let wq_f32 = data(nq * k, 8);
+    let q8 = QuantMatrix::quantize(&wq_f32, nq, k, QuantFormat::FP8_128_F32).unwrap();
+    let q4 = QuantMatrix::quantize(&wq_f32, nq, k, QuantFormat::Mxfp4).unwrap();
+    drop(wq_f32);
+    let (b8, b4) = (q8.nbytes(), q4.nbytes());
+    let (w8, w4) = (b.upload_quant(&q8).unwrap(), b.upload_quant(&q4).unwrap());
+    drop((q8, q4));
+    let (mut r8, mut r4) = (Vec::new(), Vec::new());
     let (mut r32, mut r16, mut bw) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds + 2 {
         let ts = secs(|| {
@@ -88,10 +99,18 @@ fn gemv(threads: usize, rounds: usize) {
         let t16 = secs(|| {
             black_box(b.matmul(&x, &wb).unwrap());
         });
+        let t8 = secs(|| {
+            black_box(b.matmul(&x, &w8).unwrap());
+        });
+        let t4 = secs(|| {
+            black_box(b.matmul(&x, &w4).unwrap());
+        });
         if round >= 2 {
             // Same bytes on both sides: the time ratio is the bandwidth ratio.
             r32.push(ts / t32);
             r16.push(ts / t16);
+            r8.push((b8 as f64 / t8) / (bytes as f64 / ts));
+            r4.push((b4 as f64 / t4) / (bytes as f64 / ts));
             bw.push(bytes as f64 / ts / 1e9);
         }
     }
@@ -99,7 +118,12 @@ fn gemv(threads: usize, rounds: usize) {
     println!(
         "gemv threads={threads}: stream read {m:.2} GB/s (min {lo:.2}, max {hi:.2}), 64 MiB, {rounds} rounds"
     );
-    for (name, r) in [("f32  4096x4096", r32), ("bf16 8192x4096", r16)] {
+    for (name, r) in [
+        ("f32  4096x4096", r32),
+        ("bf16 8192x4096", r16),
+        ("fp8 128x128 16384x4096 (weight bytes)", r8),
+        ("mxfp4 16384x4096 (weight bytes)", r4),
+    ] {
         let (m, lo, hi) = summary(r);
         println!(
             "gemv threads={threads}: {name} m=1 / stream read = {m:.2} (min {lo:.2}, max {hi:.2})"

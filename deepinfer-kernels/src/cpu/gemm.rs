@@ -109,6 +109,48 @@ fn dot_body<W: WElem>(x: &[f32], w: &[W]) -> f32 {
     finish(acc, xc.remainder(), wc.remainder())
 }
 
+/// Adds the products of the whole 16-chunks of `x` and `w` into the lane sums `acc` (the
+/// first phase of [`dot_body`], resumable: chunk by chunk it gives the same sums).
+#[inline(always)]
+fn acc_chunks_body(acc: &mut [f32; LANES], x: &[f32], w: &[f32]) {
+    for (xs, ws) in x.chunks_exact(LANES).zip(w.chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] += xs[l] * ws[l];
+        }
+    }
+}
+
+/// See [`acc_chunks_body`] (AVX2 build selected at run time).
+#[inline]
+fn acc_chunks(acc: &mut [f32; LANES], x: &[f32], w: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports AVX2 (checked at run time above).
+        return unsafe { simd::acc_chunks(acc, x, w) };
+    }
+    acc_chunks_body(acc, x, w)
+}
+
+/// Fixed-order dot product of `x` with row `row` of a quantised matrix, decoding 256 values
+/// at a time into a stack buffer: bit-identical to [`dot`] on the dequantised row, without
+/// materialising it.
+pub(crate) fn dot_quant_row(x: &[f32], q: &QuantMatrix, row: usize) -> f32 {
+    const PIECE: usize = 256;
+    let k = q.cols().min(x.len());
+    let full = k / LANES * LANES;
+    let mut acc = [0.0f32; LANES];
+    let mut buf = [0.0f32; PIECE];
+    let mut c0 = 0;
+    while c0 < full {
+        let c1 = (c0 + PIECE).min(full);
+        q.dequantize_range(row, c0, &mut buf[..c1 - c0]);
+        acc_chunks(&mut acc, &x[c0..c1], &buf[..c1 - c0]);
+        c0 = c1;
+    }
+    q.dequantize_range(row, full, &mut buf[..k - full]);
+    finish(acc, &x[full..k], &buf[..k - full])
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn dot_avx2<W: WElem>(x: &[f32], w: &[W]) -> f32 {
@@ -153,6 +195,38 @@ mod simd {
             _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
         }
         finish(acc, &x[full..n], &w[full..n])
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn acc_chunks(acc: &mut [f32; LANES], x: &[f32], w: &[f32]) {
+        let full = x.len().min(w.len()) / LANES * LANES;
+        // SAFETY: acc holds 16 f32s; two unaligned 8-lane loads.
+        let (mut a0, mut a1) = unsafe {
+            (
+                _mm256_loadu_ps(acc.as_ptr()),
+                _mm256_loadu_ps(acc.as_ptr().add(8)),
+            )
+        };
+        let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 16 <= full, within both slices; unaligned loads.
+            unsafe {
+                let p0 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(wp.add(i)));
+                let p1 = _mm256_mul_ps(
+                    _mm256_loadu_ps(xp.add(i + 8)),
+                    _mm256_loadu_ps(wp.add(i + 8)),
+                );
+                a0 = _mm256_add_ps(a0, p0);
+                a1 = _mm256_add_ps(a1, p1);
+            }
+            i += LANES;
+        }
+        // SAFETY: as for the loads.
+        unsafe {
+            _mm256_storeu_ps(acc.as_mut_ptr(), a0);
+            _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
+        }
     }
 
     /// Eight bf16 at `p` widened to f32 (a 16-bit shift: exact).
@@ -298,7 +372,6 @@ fn linear_dot(x: &[f32], m: usize, k: usize, w: WeightRef<'_>, n: usize) -> Vec<
         .for_each(|(b, chunk)| {
             let n0 = b * nb;
             let rows = chunk.len() / m;
-            let mut buf = Vec::new();
             for r in 0..rows {
                 let o = &mut chunk[r * m..(r + 1) * m];
                 let wi = n0 + r;
@@ -306,9 +379,10 @@ fn linear_dot(x: &[f32], m: usize, k: usize, w: WeightRef<'_>, n: usize) -> Vec<
                     WeightRef::F32(ws) => row_dots(x, k, &ws[wi * k..(wi + 1) * k], o),
                     WeightRef::BF16(ws) => row_dots(x, k, &ws[wi * k..(wi + 1) * k], o),
                     WeightRef::F16(ws) => row_dots(x, k, &ws[wi * k..(wi + 1) * k], o),
-                    WeightRef::Quant(_) => {
-                        w.decode_rows(k, wi, wi + 1, &mut buf);
-                        row_dots(x, k, &buf, o);
+                    WeightRef::Quant(q) => {
+                        for (i, o) in o.iter_mut().enumerate() {
+                            *o = dot_quant_row(&x[i * k..(i + 1) * k], q, wi);
+                        }
                     }
                 }
             }

@@ -269,9 +269,15 @@ pub(crate) fn decode_fp8(bytes: &[u8], s: f32, out: &mut [f32]) {
 /// Unpacks two e2m1 values per byte times `s` (one 256-entry table load per byte).
 #[inline]
 pub(crate) fn decode_fp4(bytes: &[u8], s: f32, out: &mut [f32]) {
-    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+    let last = bytes.get(out.len() / 2).copied();
+    let mut pairs = out.chunks_exact_mut(2);
+    for (pair, &b) in (&mut pairs).zip(bytes) {
         let v = E2M1_PAIR_LUT[b as usize];
         pair[0] = v[0] * s;
         pair[1] = v[1] * s;
+    }
+    // An odd length ends on the low nibble of its last byte.
+    if let ([o], Some(b)) = (pairs.into_remainder(), last) {
+        *o = E2M1_PAIR_LUT[b as usize][0] * s;
     }
 }

@@ -326,6 +326,39 @@ impl QuantMatrix {
         }
     }
 
+    /// Dequantises columns `[c0, c0 + out.len())` of `row` into `out` (value × block scale,
+    /// the same values as [`QuantMatrix::dequantize_row`]). For FP4, `c0` must be even.
+    pub fn dequantize_range(&self, row: usize, c0: usize, out: &mut [f32]) {
+        let bc = self.format.block_cols();
+        let nbc = self.cols.div_ceil(bc);
+        let s0 = (row / self.format.block_rows()) * nbc;
+        let scale = |bj: usize| match (&self.scales, self.format) {
+            (Scales::F32(s), _) => s[s0 + bj],
+            (Scales::Bytes(b), QuantFormat::Nvfp4) => e4m3_decode(b[s0 + bj]) * self.tensor_scale,
+            (Scales::Bytes(b), _) => ue8m0_decode(b[s0 + bj]),
+        };
+        let base = row * self.cols;
+        let mut c = c0;
+        let mut rest = out;
+        while !rest.is_empty() {
+            let bj = c / bc;
+            let take = ((bj + 1) * bc - c).min(rest.len());
+            let (piece, tail) = rest.split_at_mut(take);
+            match self.format {
+                QuantFormat::Fp8 { .. } => {
+                    block::decode_fp8(&self.data[base + c..base + c + take], scale(bj), piece)
+                }
+                _ => block::decode_fp4(
+                    &self.data[(base + c) / 2..(base + c + take).div_ceil(2)],
+                    scale(bj),
+                    piece,
+                ),
+            }
+            c += take;
+            rest = tail;
+        }
+    }
+
     /// Dequantises the whole matrix (row-major f32).
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0.0f32; self.rows * self.cols];
