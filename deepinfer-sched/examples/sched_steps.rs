@@ -22,10 +22,15 @@ fn main() {
     let (mut s, mut next) = workload::setup(waiting);
     let mut out = StepOutput::default();
     let mut plan = StepPlan::default();
+    let cpu0 = cpu_ns();
     let total = measured(&mut s, &mut plan, &mut out, &mut next, steps);
+    let cpu = cpu_ns()
+        .zip(cpu0)
+        .map(|(b, a)| (b - a) as f64 / steps as f64 / 1e3);
     println!(
-        "waiting {waiting}: {steps} steps, schedule+update {:.1} us/step (wall), running {}",
+        "waiting {waiting}: {steps} steps, schedule+update {:.1} us/step (wall), on-CPU incl. fake engine {} us/step, running {}",
         total.as_secs_f64() * 1e6 / steps as f64,
+        cpu.map_or("n/a".into(), |c| format!("{c:.1}")),
         s.num_running()
     );
 }
@@ -44,4 +49,10 @@ fn measured(
         total += workload::step(s, plan, out, next, 1);
     }
     total
+}
+
+/// Nanoseconds this thread spent on a CPU (Linux schedstat).
+fn cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
 }
