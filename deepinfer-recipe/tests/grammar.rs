@@ -238,3 +238,108 @@ fn cache_hits_and_time_limit() {
     let slow = GrammarSpec::Regex("[a-z]{1,5000}".into());
     assert!(matches!(strict.get(&slow), Err(GrammarError::Timeout(_))));
 }
+
+const ARITHMETIC: &str = r#"
+# integer arithmetic; recursion through `factor` is expanded to a bounded depth
+root   ::= expr
+expr   ::= term (ws [-+] ws term)*
+term   ::= factor (ws [*/] ws factor)*
+factor ::= [0-9]+ | "(" ws expr ws ")" | "-" factor
+ws     ::= " "?
+"#;
+
+#[test]
+fn ebnf_grammar_masks_accepts_and_rolls_back() {
+    let grammar = RegexBackend::default()
+        .compile(&GrammarSpec::Ebnf(ARITHMETIC.into()), &vocab())
+        .unwrap();
+    let tokenizer = common::tokenizer();
+    let mut matcher = grammar.matcher();
+    let ids = tokenizer.encode_plain("(12 + 3) * -4").unwrap();
+    drive(matcher.as_mut(), &ids).unwrap();
+    assert!(matcher.is_complete());
+    // A letter is never allowed; a closing parenthesis is not allowed yet
+    // after an opening one.
+    let mut mask = vec![0u32; vocab().mask_words()];
+    let letter = tokenizer.encode_plain("a").unwrap()[0];
+    matcher.fill_bitmask(&mut mask).unwrap();
+    assert!(!allowed(&mask, letter));
+    matcher.rollback(ids.len()).unwrap();
+    let open = tokenizer.encode_plain("(").unwrap();
+    drive(matcher.as_mut(), &open).unwrap();
+    assert!(!matcher.is_complete());
+    let close = tokenizer.encode_plain(")").unwrap()[0];
+    matcher.fill_bitmask(&mut mask).unwrap();
+    assert!(!allowed(&mask, close));
+    assert_eq!(matcher.accept(close), Err(GrammarError::Rejected(close)));
+}
+
+#[test]
+fn ebnf_errors_are_typed() {
+    let backend = RegexBackend::default();
+    // No base case: the start rule accepts nothing.
+    let empty = backend.compile(&GrammarSpec::Ebnf("root ::= root \"x\"".into()), &vocab());
+    assert!(matches!(empty, Err(GrammarError::Unsatisfiable)));
+    // A vocabulary without the needed character: no token can start.
+    let tiny = Arc::new(GrammarVocab::new(
+        vec![Some(b"a".to_vec()), Some(b"b".to_vec()), None],
+        &[2],
+        &[],
+    ));
+    let none = backend.compile(&GrammarSpec::Ebnf("root ::= \"c\" [ab]*".into()), &tiny);
+    assert!(matches!(none, Err(GrammarError::Unsatisfiable)));
+    let ok = backend.compile(&GrammarSpec::Ebnf("root ::= \"a\" [ab]*".into()), &tiny);
+    assert!(ok.is_ok());
+    let bad = backend.compile(&GrammarSpec::Ebnf("root ::= \"a\" missing".into()), &tiny);
+    assert!(matches!(bad, Err(GrammarError::Compile(m)) if m.contains("`missing`")));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// The matcher accepts a text's tokens and ends complete exactly when the
+    /// grammar's own regex accepts the text.
+    #[test]
+    fn ebnf_matcher_agrees_with_the_grammar(text in "[0-9 ()*+/-]{0,16}") {
+        static GRAMMAR: OnceLock<Arc<dyn deepinfer_recipe::grammar::CompiledGrammar>> = OnceLock::new();
+        let grammar = GRAMMAR.get_or_init(|| {
+            RegexBackend::default()
+                .compile(&GrammarSpec::Ebnf(ARITHMETIC.into()), &vocab())
+                .unwrap()
+        });
+        let pattern = deepinfer_recipe::grammar::Ebnf::parse(ARITHMETIC).unwrap().to_regex().unwrap();
+        let reference = regex_automata::meta::Regex::new(&format!("^(?:{pattern})$")).unwrap();
+        let ids = common::tokenizer().encode_plain(&text).unwrap();
+        let mut matcher = grammar.matcher();
+        let accepted = ids.iter().all(|&id| matcher.accept(id).is_ok()) && matcher.is_complete();
+        proptest::prop_assert_eq!(accepted, reference.is_match(&text));
+    }
+}
+
+/// The DFA reports matches one byte late; a complete output must not admit
+/// one more arbitrary token.
+#[test]
+fn complete_output_allows_only_end_of_sequence() {
+    let tokenizer = common::tokenizer();
+    let eos = tokenizer
+        .special_id(SpecialToken::Eos.deepseek_spelling())
+        .unwrap();
+    for spec in [
+        GrammarSpec::Regex("42".into()),
+        GrammarSpec::Ebnf("root ::= \"42\"".into()),
+    ] {
+        let grammar = RegexBackend::default().compile(&spec, &vocab()).unwrap();
+        let mut matcher = grammar.matcher();
+        drive(matcher.as_mut(), &tokenizer.encode_plain("42").unwrap()).unwrap();
+        let mut mask = vec![0u32; vocab().mask_words()];
+        matcher.fill_bitmask(&mut mask).unwrap();
+        let allowed: u32 = mask.iter().map(|w| w.count_ones()).sum();
+        assert_eq!(allowed, 1, "{spec:?}");
+        assert!(matches!(
+            mask[eos as usize / 32] & (1 << (eos % 32)),
+            bit if bit != 0
+        ));
+        let extra = tokenizer.encode_plain("x").unwrap()[0];
+        assert_eq!(matcher.accept(extra), Err(GrammarError::Rejected(extra)));
+    }
+}

@@ -65,15 +65,30 @@ impl CompiledRegex {
         self.dfa.is_match_state(self.dfa.next_eoi_state(state))
     }
 
+    fn dead(&self, state: StateID) -> bool {
+        self.dfa.is_dead_state(state) || self.dfa.is_quit_state(state)
+    }
+
+    /// Whether the bytes read so far can still be completed. The DFA reports
+    /// a match one byte late, so a state that only carries the delayed match
+    /// of a shorter prefix is not dead yet leads nowhere: the prefix is
+    /// viable only if it is itself complete or some next byte keeps the DFA
+    /// alive (live NFA states always reach a match).
+    fn viable(&self, state: StateID) -> bool {
+        !self.dead(state)
+            && (self.accepting(state)
+                || (0..=255u8).any(|byte| !self.dead(self.dfa.next_state(state, byte))))
+    }
+
     fn step(&self, state: StateID, bytes: &[u8]) -> Option<StateID> {
         let mut state = state;
         for &byte in bytes {
             state = self.dfa.next_state(state, byte);
-            if self.dfa.is_dead_state(state) || self.dfa.is_quit_state(state) {
+            if self.dead(state) {
                 return None;
             }
         }
-        Some(state)
+        self.viable(state).then_some(state)
     }
 
     /// Allowed plain tokens from `state` (end of sequence not included).
@@ -88,6 +103,7 @@ impl CompiledRegex {
         // stack[k]: state after the first k bytes of the current token.
         let mut stack: Vec<StateID> = vec![state];
         let mut dead_from: Option<u32> = None;
+        let mut viable: HashMap<StateID, bool> = HashMap::new();
         for &(id, start, len, common) in &vocab.sorted {
             if let Some(depth) = dead_from {
                 if common >= depth {
@@ -101,14 +117,15 @@ impl CompiledRegex {
             while stack.len() <= token.len() {
                 let k = stack.len() - 1;
                 let next = self.dfa.next_state(stack[k], token[k]);
-                if self.dfa.is_dead_state(next) || self.dfa.is_quit_state(next) {
+                if self.dead(next) {
                     dead_from = Some(k as u32 + 1);
                     alive = false;
                     break;
                 }
                 stack.push(next);
             }
-            if alive {
+            let end = stack[token.len().min(stack.len() - 1)];
+            if alive && *viable.entry(end).or_insert_with(|| self.viable(end)) {
                 mask[id as usize / 32] |= 1 << (id % 32);
             }
         }

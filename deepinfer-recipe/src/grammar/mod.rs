@@ -14,11 +14,14 @@
 //! `properties` in declared order with `required`, `items`, `minItems` /
 //! `maxItems`, `minLength` / `maxLength`, `anyOf` / `oneOf`, local `$ref`
 //! without recursion); DSML tool-call blocks whose parameters follow each
-//! tool's schema (strict tools). Not supported (a clear error): recursive
-//! schemas, `allOf` with more than one entry, `patternProperties`,
-//! numeric ranges (accepted, not enforced), EBNF.
+//! tool's schema (strict tools); EBNF grammars in the GBNF dialect
+//! ([`Ebnf`]), expanded to a regular expression, recursive rules to a bounded
+//! depth. Not supported (a clear error): recursive schemas, `allOf` with more
+//! than one entry, `patternProperties`, numeric ranges (accepted, not
+//! enforced), unbounded recursion in EBNF.
 
 mod dfa;
+mod ebnf;
 mod schema;
 mod trigger;
 mod vocab;
@@ -29,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use dfa::{CompiledRegex, RegexGrammar, RegexMatcher};
+pub use ebnf::{Ebnf, MAX_PATTERN as EBNF_MAX_PATTERN, MAX_RECURSION as EBNF_MAX_RECURSION};
 pub use schema::{JSON_DEPTH, dsml_tool_calls_regex, json_value_regex, schema_regex};
 pub use trigger::Triggered;
 pub use vocab::GrammarVocab;
@@ -68,6 +72,8 @@ pub enum GrammarSpec {
     JsonSchema(serde_json::Value),
     /// Text matching a regular expression.
     Regex(String),
+    /// Text derived from an EBNF (GBNF-style) grammar; see [`Ebnf`].
+    Ebnf(String),
     /// A DSML tool-call block (the text after the block's opening marker)
     /// calling these tools; with `strict`, parameters follow their schemas.
     ToolCalls {
@@ -87,6 +93,7 @@ impl GrammarSpec {
             Self::JsonObject => "json_object".to_owned(),
             Self::JsonSchema(schema) => format!("schema:{schema}"),
             Self::Regex(regex) => format!("regex:{regex}"),
+            Self::Ebnf(grammar) => format!("ebnf:{grammar}"),
             Self::ToolCalls {
                 format,
                 tools,
@@ -157,6 +164,7 @@ impl GrammarBackend for RegexBackend {
             GrammarSpec::JsonObject => schema::json_object_regex(JSON_DEPTH),
             GrammarSpec::JsonSchema(schema) => schema_regex(schema)?,
             GrammarSpec::Regex(regex) => regex.clone(),
+            GrammarSpec::Ebnf(grammar) => Ebnf::parse(grammar)?.to_regex()?,
             GrammarSpec::ToolCalls {
                 format,
                 tools,
