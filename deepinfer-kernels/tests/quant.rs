@@ -461,3 +461,28 @@ fn fused_quant_gemv_matches_dequantised_f32_bits() {
         assert!(same, "{f:?} k={k}");
     }
 }
+
+/// Dequantising every e4m3 byte (NaN codes and both zeros included) gives the table's bits
+/// times the block scale, whichever decoder the CPU selects.
+#[test]
+fn fp8_dequantise_every_byte_matches_the_table() {
+    let data: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+    for scale in [1.0f32, 0.375, 3.0e-3, 2.0f32.powi(-120), 6.0e30] {
+        let f = QuantFormat::Fp8 {
+            block_rows: 1,
+            block_cols: 512,
+            scale: ScaleFormat::F32,
+        };
+        let q =
+            QuantMatrix::from_parts(f, 1, 512, data.clone(), Some(vec![scale]), None, 1.0).unwrap();
+        let got = q.dequantize();
+        for (i, (&b, g)) in data.iter().zip(&got).enumerate() {
+            let want = E4M3_LUT[b as usize] * scale;
+            assert_eq!(
+                g.to_bits(),
+                want.to_bits(),
+                "byte {b:#x} at {i}, scale {scale:e}"
+            );
+        }
+    }
+}

@@ -178,6 +178,49 @@ mod avx2 {
     pub(super) unsafe fn amax_bits(x: &[f32]) -> u32 {
         super::amax_bits_body(x)
     }
+    /// e4m3 bytes to f32 by bit arithmetic, 8 at a time: normal codes rebias the exponent
+    /// (`(b & 0x7f) << 20 + 120 << 23`), subnormal codes are `m · 2^-9` (exact), `0x7f` /
+    /// `0xff` are the table's positive quiet NaN; then the sign, then `· s`. The same bits as
+    /// the 256-entry table times `s`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn decode_fp8(bytes: &[u8], s: f32, out: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let n = bytes.len().min(out.len());
+        let full = n / 8 * 8;
+        let sv = _mm256_set1_ps(s);
+        let bias = _mm256_set1_epi32(120 << 23);
+        let m7f = _mm256_set1_epi32(0x7f);
+        let m78 = _mm256_set1_epi32(0x78);
+        let m80 = _mm256_set1_epi32(0x80);
+        let m7 = _mm256_set1_epi32(7);
+        let step = _mm256_set1_ps(1.0 / 512.0);
+        let nan = _mm256_set1_epi32(0x7fc0_0000);
+        let zero = _mm256_setzero_si256();
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= n: 8 readable bytes and 8 writable floats.
+            unsafe {
+                let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(bytes.as_ptr().add(i).cast()));
+                let mag = _mm256_and_si256(b, m7f);
+                let normal = _mm256_add_epi32(_mm256_slli_epi32::<20>(mag), bias);
+                let sub = _mm256_castps_si256(_mm256_mul_ps(
+                    _mm256_cvtepi32_ps(_mm256_and_si256(b, m7)),
+                    step,
+                ));
+                let is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(b, m78), zero);
+                let v = _mm256_blendv_epi8(normal, sub, is_sub);
+                let v = _mm256_or_si256(v, _mm256_slli_epi32::<24>(_mm256_and_si256(b, m80)));
+                let v = _mm256_blendv_epi8(v, nan, _mm256_cmpeq_epi32(mag, m7f));
+                _mm256_storeu_ps(
+                    out.as_mut_ptr().add(i),
+                    _mm256_mul_ps(_mm256_castsi256_ps(v), sv),
+                );
+            }
+            i += 8;
+        }
+        super::decode_fp8_body(&bytes[full..n], s, &mut out[full..n]);
+    }
+
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn quantize_fp8(
         x: &[f32],
@@ -259,11 +302,22 @@ pub(crate) fn quantize_fp4(
 }
 
 /// `out[i] = e4m3_decode(bytes[i]) * s` (256-entry table).
-#[inline]
-pub(crate) fn decode_fp8(bytes: &[u8], s: f32, out: &mut [f32]) {
+#[inline(always)]
+fn decode_fp8_body(bytes: &[u8], s: f32, out: &mut [f32]) {
     for (o, &b) in out.iter_mut().zip(bytes) {
         *o = E4M3_LUT[b as usize] * s;
     }
+}
+
+/// `out[i] = e4m3_decode(bytes[i]) * s`: the table, or its AVX2 bit-arithmetic equivalent.
+#[inline]
+pub(crate) fn decode_fp8(bytes: &[u8], s: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports AVX2 (checked at run time).
+        return unsafe { avx2::decode_fp8(bytes, s, out) };
+    }
+    decode_fp8_body(bytes, s, out)
 }
 
 /// Unpacks two e2m1 values per byte times `s` (one 256-entry table load per byte).
