@@ -594,6 +594,24 @@ impl BlockManager {
         self.append_token_slow(h, token)
     }
 
+    /// [`BlockManager::append_token`] without computing the slot, for callers that read slots
+    /// from the block table when they need them: the common case touches only the sequence's
+    /// own entry and the end of its token list.
+    #[inline]
+    pub fn push_token(&mut self, h: SeqHandle, token: u32) -> Result<()> {
+        let bs = self.cfg.block_size;
+        if let Some(Some(s)) = self.seqs.get_mut(h.index as usize)
+            && s.id == h.id
+            && s.committed == s.tokens.len()
+            && s.tokens.len() < s.blocks.len() * bs
+        {
+            s.tokens.push(token);
+            s.committed = s.tokens.len();
+            return Ok(());
+        }
+        self.append_token_slow(h, token).map(|_| ())
+    }
+
     #[cold]
     #[inline(never)]
     fn append_token_slow(&mut self, h: SeqHandle, token: u32) -> Result<Slot> {

@@ -181,7 +181,18 @@ fn append_token_refuses_pending_drafts_and_reports_its_slot() {
     );
     let s = m.append_token(h, 5).unwrap();
     assert_eq!((s.block, s.offset), (m.block_table(1).unwrap()[1], 0));
+    // push_token is append_token without the slot.
+    m.push_token(h, 8).unwrap();
+    let t = m.block_table(1).unwrap().to_vec();
+    assert_eq!(t.len(), 2);
+    for _ in 0..3 {
+        m.push_token(h, 8).unwrap();
+    }
+    assert_eq!(m.block_table(1).unwrap().len(), 3);
+    assert_eq!(&m.block_table(1).unwrap()[..2], &t[..]);
+    assert_eq!(m.tokens(1).unwrap(), &[1, 2, 3, 4, 5, 8, 8, 8, 8]);
     m.append_draft(1, &[7], &mut Vec::new()).unwrap();
     assert_eq!(m.append_token(h, 6), Err(KvError::DraftsPending(1)));
+    assert_eq!(m.push_token(h, 6), Err(KvError::DraftsPending(1)));
     assert_eq!(m.commit_drafts(9, &[]), Err(KvError::UnknownSequence(9)));
 }
