@@ -175,6 +175,9 @@ struct Req {
     has_stops: bool,
     /// `confidences` is not empty.
     has_confs: bool,
+    /// The last token of `tokens` (the next decode input), kept here so the
+    /// schedule does not read the end of the history.
+    last_token: u32,
     // Cold.
     prompt_len: usize,
     max_new_tokens: usize,
@@ -469,6 +472,7 @@ impl Scheduler {
         let arrival = self.next_arrival;
         self.next_arrival += 1;
         let prompt_len = r.prompt.len();
+        let last_token = r.prompt.last().copied().unwrap_or(0);
         let req = Req {
             id: r.id,
             prompt_len,
@@ -477,6 +481,7 @@ impl Scheduler {
             limit: (prompt_len + r.max_new_tokens).min(self.max_len),
             has_stops: !r.stop_tokens.is_empty(),
             has_confs: false,
+            last_token,
             stop_tokens: r.stop_tokens,
             priority: r.priority,
             arrival,
@@ -1022,8 +1027,7 @@ impl Scheduler {
             return false;
         }
         let Some(h) = r.kv else { return false };
-        let input = r.tokens[r.tokens.len() - 1];
-        if self.kv.append_token(h, input).is_err() {
+        if self.kv.push_token(h, r.last_token).is_err() {
             return false;
         }
         r.kv_len += 1;
@@ -1210,6 +1214,7 @@ impl Scheduler {
             let mut reason = None;
             for &t in toks {
                 r.tokens.push(t);
+                r.last_token = t;
                 if r.has_stops && r.stop_tokens.contains(&t) {
                     reason = Some(FinishReason::Stop);
                 } else if r.tokens.len() >= r.limit {
