@@ -486,3 +486,35 @@ fn fp8_dequantise_every_byte_matches_the_table() {
         }
     }
 }
+
+/// Dequantising every FP4 byte (both nibbles, ±0 included) gives the table's bits times the
+/// block scale, whichever decoder the CPU selects.
+#[test]
+fn fp4_dequantise_every_byte_matches_the_table() {
+    use deepinfer_kernels::quant::fp4::E2M1_LUT;
+    let data: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect(); // 1024 values
+    for scale_byte in [127u8, 100, 140, 1] {
+        let q = QuantMatrix::from_parts(
+            QuantFormat::Mxfp4,
+            1,
+            1024,
+            data.clone(),
+            None,
+            Some(vec![scale_byte; 32]),
+            1.0,
+        )
+        .unwrap();
+        let s = ue8m0_decode(scale_byte);
+        let got = q.dequantize();
+        for (i, g) in got.iter().enumerate() {
+            let b = data[i / 2];
+            let code = if i % 2 == 0 { b & 0xf } else { b >> 4 };
+            let want = E2M1_LUT[code as usize] * s;
+            assert_eq!(
+                g.to_bits(),
+                want.to_bits(),
+                "byte {b:#x} value {i}, scale byte {scale_byte}"
+            );
+        }
+    }
+}
