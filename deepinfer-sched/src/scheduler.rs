@@ -253,6 +253,14 @@ struct Flight {
     num_tokens: usize,
 }
 
+/// Read positions in a [`StepOutput`]'s flat buffers.
+#[derive(Debug, Default)]
+struct OutCursor {
+    row: usize,
+    tok: usize,
+    conf: usize,
+}
+
 /// Counters over the scheduler's life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SchedStats {
@@ -1146,105 +1154,14 @@ impl Scheduler {
             return Err(SchedError::NoStepInFlight);
         };
         let mut res = UpdateResult::default();
-        let (mut tok_at, mut conf_at) = (0usize, 0usize);
+        let mut cur = OutCursor::default();
         let mut any_finished = false;
-        let mut j = 0;
-        for fr in flight.prefill.iter().chain(&flight.rows) {
-            if fr.cancelled {
-                continue;
-            }
-            let o = out.rows[j];
-            j += 1;
-            let toks = &out.tokens[tok_at..tok_at + o.num_tokens as usize];
-            tok_at += o.num_tokens as usize;
-            let confs = &out.confidences[conf_at..conf_at + o.num_confidences as usize];
-            conf_at += o.num_confidences as usize;
-            // Aborted meanwhile (slot freed or reused by another request): ignore.
-            let Some(r) = self.slots[fr.slot as usize].as_mut() else {
-                continue;
-            };
-            if r.arrival != fr.arrival {
-                continue;
-            }
-            r.inflight -= 1;
-            let same_kv = r.incarnation == fr.incarnation && r.phase == Phase::Running;
-            match fr.kind {
-                RowKind::Prefill { start, len, .. } => {
-                    if same_kv {
-                        self.kv.mark_computed(r.id, start + len)?;
-                    }
-                }
-                RowKind::Decode { drafts, .. } => {
-                    let accepted = toks.len().saturating_sub(1).min(drafts);
-                    if same_kv {
-                        let bs = self.kv.block_size();
-                        if r.kv_drafts > 0 {
-                            // Accepted drafts keep their slots and get their real ids;
-                            // the rest are rolled back.
-                            let n = accepted.min(r.kv_drafts);
-                            if let Some(c) = self.kv.commit_drafts(r.id, &toks[..n])? {
-                                self.pending_copies.push(c);
-                            }
-                            r.kv_room = room_after(r.kv_len + n, bs);
-                        }
-                        r.kv_len += accepted;
-                        r.kv_drafts = 0;
-                        // Accepted drafts were computed by this step.
-                        r.scheduled += accepted;
-                        // Only full blocks become cacheable: tell the manager when one fills.
-                        if r.kv_len >= r.next_full {
-                            self.kv.mark_computed(r.id, r.kv_len)?;
-                            r.next_full = next_block_end(r.kv_len, bs);
-                        }
-                    }
-                }
-            }
-            if r.inflight == 0 {
-                r.sampling_inflight = false;
-            }
-            if toks.is_empty() {
-                continue;
-            }
-            if !confs.is_empty() || r.has_confs {
-                r.confidences.clear();
-                r.confidences.extend_from_slice(confs);
-                r.has_confs = !confs.is_empty();
-            }
-            // Append tokens up to the first stop, the token limit or the context limit.
-            let mut reason = None;
-            for &t in toks {
-                r.tokens.push(t);
-                r.last_token = t;
-                if r.has_stops && r.stop_tokens.contains(&t) {
-                    reason = Some(FinishReason::Stop);
-                } else if r.tokens.len() >= r.limit {
-                    reason = Some(FinishReason::Length);
-                }
-                if reason.is_some() {
-                    break;
-                }
-            }
-            if reason.is_none() && o.stop {
-                reason = Some(FinishReason::Stop);
-            }
-            if let Some(reason) = reason {
-                let slot = fr.slot;
-                let phase = r.phase;
-                self.free_kv(slot);
-                if phase == Phase::Waiting {
-                    // Preempted while in flight: its heap entry goes stale.
-                    self.num_waiting -= 1;
-                } else {
-                    any_finished = true;
-                }
-                let r = self.release(slot);
-                self.stats.finished += 1;
-                res.finished.push(Finished {
-                    id: r.id,
-                    reason,
-                    output: r.tokens[r.prompt_len..].to_vec(),
-                });
-            }
+        // Two loops over one inlined row handler: the decode loop is the hot one.
+        for fr in &flight.prefill {
+            any_finished |= self.apply_row(fr, out, &mut cur, &mut res)?;
+        }
+        for fr in &flight.rows {
+            any_finished |= self.apply_row(fr, out, &mut cur, &mut res)?;
         }
         if any_finished {
             let slots = &self.slots;
@@ -1278,6 +1195,115 @@ impl Scheduler {
 
         self.reconcile_pending(&mut res);
         Ok(res)
+    }
+
+    /// Applies one row group of an output (see `update`); true when a running
+    /// request finished.
+    #[inline(always)]
+    fn apply_row(
+        &mut self,
+        fr: &FlightRow,
+        out: &StepOutput,
+        cur: &mut OutCursor,
+        res: &mut UpdateResult,
+    ) -> Result<bool, SchedError> {
+        if fr.cancelled {
+            return Ok(false);
+        }
+        let o = out.rows[cur.row];
+        cur.row += 1;
+        let toks = &out.tokens[cur.tok..cur.tok + o.num_tokens as usize];
+        cur.tok += o.num_tokens as usize;
+        let confs = &out.confidences[cur.conf..cur.conf + o.num_confidences as usize];
+        cur.conf += o.num_confidences as usize;
+        // Aborted meanwhile (slot freed or reused by another request): ignore.
+        let Some(r) = self.slots[fr.slot as usize].as_mut() else {
+            return Ok(false);
+        };
+        if r.arrival != fr.arrival {
+            return Ok(false);
+        }
+        r.inflight -= 1;
+        let same_kv = r.incarnation == fr.incarnation && r.phase == Phase::Running;
+        match fr.kind {
+            RowKind::Prefill { start, len, .. } => {
+                if same_kv {
+                    self.kv.mark_computed(r.id, start + len)?;
+                }
+            }
+            RowKind::Decode { drafts, .. } => {
+                let accepted = toks.len().saturating_sub(1).min(drafts);
+                if same_kv {
+                    let bs = self.kv.block_size();
+                    if r.kv_drafts > 0 {
+                        // Accepted drafts keep their slots and get their real ids;
+                        // the rest are rolled back.
+                        let n = accepted.min(r.kv_drafts);
+                        if let Some(c) = self.kv.commit_drafts(r.id, &toks[..n])? {
+                            self.pending_copies.push(c);
+                        }
+                        r.kv_room = room_after(r.kv_len + n, bs);
+                    }
+                    r.kv_len += accepted;
+                    r.kv_drafts = 0;
+                    // Accepted drafts were computed by this step.
+                    r.scheduled += accepted;
+                    // Only full blocks become cacheable: tell the manager when one fills.
+                    if r.kv_len >= r.next_full {
+                        self.kv.mark_computed(r.id, r.kv_len)?;
+                        r.next_full = next_block_end(r.kv_len, bs);
+                    }
+                }
+            }
+        }
+        if r.inflight == 0 {
+            r.sampling_inflight = false;
+        }
+        if toks.is_empty() {
+            return Ok(false);
+        }
+        if !confs.is_empty() || r.has_confs {
+            r.confidences.clear();
+            r.confidences.extend_from_slice(confs);
+            r.has_confs = !confs.is_empty();
+        }
+        // Append tokens up to the first stop, the token limit or the context limit.
+        let mut reason = None;
+        for &t in toks {
+            r.tokens.push(t);
+            r.last_token = t;
+            if r.has_stops && r.stop_tokens.contains(&t) {
+                reason = Some(FinishReason::Stop);
+            } else if r.tokens.len() >= r.limit {
+                reason = Some(FinishReason::Length);
+            }
+            if reason.is_some() {
+                break;
+            }
+        }
+        if reason.is_none() && o.stop {
+            reason = Some(FinishReason::Stop);
+        }
+        let mut any_finished = false;
+        if let Some(reason) = reason {
+            let slot = fr.slot;
+            let phase = r.phase;
+            self.free_kv(slot);
+            if phase == Phase::Waiting {
+                // Preempted while in flight: its heap entry goes stale.
+                self.num_waiting -= 1;
+            } else {
+                any_finished = true;
+            }
+            let r = self.release(slot);
+            self.stats.finished += 1;
+            res.finished.push(Finished {
+                id: r.id,
+                reason,
+                output: r.tokens[r.prompt_len..].to_vec(),
+            });
+        }
+        Ok(any_finished)
     }
 
     /// Materialise the provisional rows of the plan still pending, now that the
