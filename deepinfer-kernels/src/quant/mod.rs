@@ -315,14 +315,7 @@ impl QuantMatrix {
                     block::decode_fp8(bytes, scale(bj), chunk);
                 }
             }
-            _ => {
-                // cols is a multiple of the (even) block, so rows start on a byte boundary.
-                let data = &self.data[row * cols / 2..(row + 1) * cols / 2];
-                for (bj, (chunk, bytes)) in out.chunks_mut(bc).zip(data.chunks(bc / 2)).enumerate()
-                {
-                    block::decode_fp4(bytes, scale(bj), chunk);
-                }
-            }
+            _ => self.dequantize_range(row, 0, out),
         }
     }
 
@@ -342,17 +335,32 @@ impl QuantMatrix {
         let mut rest = out;
         while !rest.is_empty() {
             let bj = c / bc;
+            let fp4 = !matches!(self.format, QuantFormat::Fp8 { .. });
+            if fp4 && c.is_multiple_of(bc) && rest.len() >= bc {
+                // Up to 64 whole FP4 blocks in one call (scales decoded first).
+                let nb = (rest.len() / bc).min(64);
+                let mut sc = [0.0f32; 64];
+                for (i, s) in sc[..nb].iter_mut().enumerate() {
+                    *s = scale(bj + i);
+                }
+                let take = nb * bc;
+                let (piece, tail) = rest.split_at_mut(take);
+                let bytes = &self.data[(base + c) / 2..(base + c + take) / 2];
+                block::decode_fp4_blocks(bytes, &sc[..nb], bc / 2, piece);
+                c += take;
+                rest = tail;
+                continue;
+            }
             let take = ((bj + 1) * bc - c).min(rest.len());
             let (piece, tail) = rest.split_at_mut(take);
-            match self.format {
-                QuantFormat::Fp8 { .. } => {
-                    block::decode_fp8(&self.data[base + c..base + c + take], scale(bj), piece)
-                }
-                _ => block::decode_fp4(
+            if fp4 {
+                block::decode_fp4(
                     &self.data[(base + c) / 2..(base + c + take).div_ceil(2)],
                     scale(bj),
                     piece,
-                ),
+                )
+            } else {
+                block::decode_fp8(&self.data[base + c..base + c + take], scale(bj), piece)
             }
             c += take;
             rest = tail;
