@@ -160,6 +160,16 @@ fn tool_call_grammar_engages_only_from_the_marker_after_think_end() {
             .encode_plain(" invoke name=\"get_weather\">\n<")
             .unwrap(),
     );
+    // Strict: every parameter, in declared order.
+    let opened = block.clone();
+    block.push(dsml);
+    block.extend(
+        tokenizer
+            .encode_plain(" parameter name=\"location\" string=\"true\">Paris</")
+            .unwrap(),
+    );
+    block.push(dsml);
+    block.extend(tokenizer.encode_plain(" parameter>\n<").unwrap());
     block.push(dsml);
     block.extend(
         tokenizer
@@ -176,8 +186,21 @@ fn tool_call_grammar_engages_only_from_the_marker_after_think_end() {
         matcher.accept(id).unwrap();
     }
     assert!(matcher.is_complete());
-    // A string value for an integer parameter is rejected.
+    // Leaving out `location` (a required parameter under strict) is rejected.
     matcher.rollback(block.len()).unwrap();
+    let mut missing = opened;
+    missing.push(dsml);
+    missing.extend(tokenizer.encode_plain(" parameter name=\"days\"").unwrap());
+    assert!(
+        missing
+            .iter()
+            .try_for_each(|&id| matcher.accept(id))
+            .is_err()
+    );
+    let mut fresh = Triggered::new(grammar.matcher(), None, Some(dsml), vocab().size());
+    fresh.accept(dsml).unwrap();
+    // An unknown tool name is rejected.
+    let mut matcher = fresh;
     let wrong = tokenizer.encode_plain(" calls>\n<").unwrap();
     for &id in &wrong {
         matcher.accept(id).unwrap();

@@ -220,6 +220,29 @@ fn bad_input_is_a_typed_error_in_each_shape() {
         chat_error(top_without),
         RequestError::Invalid { .. }
     ));
+    let bad_grammar = r#"{"model": "DeepSeek-V4.1-Flash", "response_format": {"type": "grammar", "grammar": "root ::= item"}, "messages": [{"role": "user", "content": "x"}]}"#;
+    let error = chat_error(bad_grammar);
+    assert!(matches!(error, RequestError::Invalid { .. }));
+    assert!(error.to_string().contains("`item` is used but not defined"));
+    let grammar = r#"{"model": "DeepSeek-V4.1-Flash", "response_format": {"type": "grammar", "grammar": "root ::= [0-9]+"}, "messages": [{"role": "user", "content": "x"}]}"#;
+    let converted = ChatRequest::from_json(grammar)
+        .and_then(|r| r.convert(&ConversionOptions::default()))
+        .unwrap();
+    assert!(matches!(
+        converted.constraint,
+        Some(deepinfer_recipe::protocol::OutputConstraint::Regex(_))
+    ));
+    let open_strict = r#"{"model": "DeepSeek-V4.1-Flash", "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}], "messages": [{"role": "user", "content": "x"}]}"#;
+    let error = chat_error(open_strict);
+    assert!(matches!(error, RequestError::Invalid { .. }));
+    assert!(error.to_string().contains("function 'f'"));
+    assert!(error.to_string().contains("`minimum`"));
+    let loose = open_strict.replace(r#""strict": true"#, r#""strict": false"#);
+    assert!(
+        ChatRequest::from_json(&loose)
+            .and_then(|r| r.convert(&ConversionOptions::default()))
+            .is_ok()
+    );
     let image = r#"{"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}"#;
     let strict = ConversionOptions {
         reject_unsupported_images: true,

@@ -23,6 +23,7 @@
 mod dfa;
 mod ebnf;
 mod schema;
+mod strict;
 mod trigger;
 mod vocab;
 
@@ -34,6 +35,7 @@ use std::time::Duration;
 pub use dfa::{CompiledRegex, RegexGrammar, RegexMatcher};
 pub use ebnf::{Ebnf, MAX_PATTERN as EBNF_MAX_PATTERN, MAX_RECURSION as EBNF_MAX_RECURSION};
 pub use schema::{JSON_DEPTH, dsml_tool_calls_regex, json_value_regex, schema_regex};
+pub use strict::strict_schema;
 pub use trigger::Triggered;
 pub use vocab::GrammarVocab;
 

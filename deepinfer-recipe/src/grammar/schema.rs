@@ -263,7 +263,21 @@ pub fn dsml_tool_calls_regex(
         let name = escape_literal(&Value::String(tool.name.clone()));
         let name = &name[1..name.len() - 1];
         let strict = tool.strict == Some(true);
-        let properties = tool.parameters.get("properties").and_then(Value::as_object);
+        // Strict tools: every parameter once, in declared order (see `strict`).
+        let normalized = if strict {
+            Some(
+                super::strict::strict_schema(&tool.parameters).map_err(|error| {
+                    GrammarError::Unsupported(format!("tool `{}`: {error}", tool.name))
+                })?,
+            )
+        } else {
+            None
+        };
+        let properties = normalized
+            .as_ref()
+            .unwrap_or(&tool.parameters)
+            .get("properties")
+            .and_then(Value::as_object);
         let parameter_regex = |key: &str, string: Option<bool>, value: &str| {
             let flag = match string {
                 Some(true) => "true",
@@ -274,9 +288,10 @@ pub fn dsml_tool_calls_regex(
                 "<{dsml}{parameter} name=\"{key}\" string=\"{flag}\">{value}</{dsml}{parameter}>"
             )
         };
-        let param = match (strict, properties) {
+        let separator = if joiner.is_empty() { "\n" } else { joiner };
+        let params = match (strict, properties) {
             (true, Some(properties)) => {
-                let mut alternatives = Vec::new();
+                let mut sequence = Vec::new();
                 for (key, schema) in properties {
                     let key = escape_literal(&Value::String(key.clone()));
                     let key = &key[1..key.len() - 1];
@@ -290,21 +305,21 @@ pub fn dsml_tool_calls_regex(
                         }
                         .value(schema)?
                     };
-                    alternatives.push(parameter_regex(key, Some(is_string), &value));
+                    sequence.push(parameter_regex(key, Some(is_string), &value));
                 }
-                if alternatives.is_empty() {
-                    None
-                } else {
-                    Some(format!("(?:{})", alternatives.join("|")))
+                match format {
+                    PromptFormat::V4 => sequence.iter().map(|p| format!("{p}\n")).collect(),
+                    PromptFormat::V41 => sequence.join(separator),
                 }
             }
-            _ => Some(parameter_regex(r#"[^"<]+"#, None, &text)),
-        };
-        let separator = if joiner.is_empty() { "\n" } else { joiner };
-        let params = match param {
-            None => String::new(),
-            Some(param) if format == PromptFormat::V4 => format!("(?:{param}\n)*"),
-            Some(param) => format!("(?:{param}(?:{separator}{param})*)?"),
+            (true, None) => String::new(),
+            (false, _) => {
+                let param = parameter_regex(r#"[^"<]+"#, None, &text);
+                match format {
+                    PromptFormat::V4 => format!("(?:{param}\n)*"),
+                    PromptFormat::V41 => format!("(?:{param}(?:{separator}{param})*)?"),
+                }
+            }
         };
         let body = match format {
             PromptFormat::V4 => {

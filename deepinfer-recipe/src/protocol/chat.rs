@@ -244,6 +244,12 @@ pub enum ChatResponseFormat {
         /// The pattern.
         regex: String,
     },
+    /// Text derived from an EBNF (GBNF-style) grammar; it is checked and
+    /// expanded to a regular expression here (see [`crate::grammar::Ebnf`]).
+    Grammar {
+        /// The grammar text.
+        grammar: String,
+    },
 }
 
 /// `json_schema`.
@@ -368,6 +374,16 @@ impl ChatRequest {
                 ResponseFormat::JsonSchema(json_schema.schema)
             }
             Some(ChatResponseFormat::Regex { regex }) => ResponseFormat::Regex(regex),
+            Some(ChatResponseFormat::Grammar { grammar }) => ResponseFormat::Regex(
+                crate::grammar::Ebnf::parse(&grammar)
+                    .and_then(|grammar| grammar.to_regex())
+                    .map_err(|error| {
+                        RequestError::invalid_param(
+                            format!("Invalid grammar: {error}"),
+                            "response_format.grammar",
+                        )
+                    })?,
+            ),
         };
         let parse_tool_calls = !tools.is_empty() && tool_choice != ToolChoice::None;
         let constraint = if parse_tool_calls {
@@ -791,13 +807,15 @@ fn convert_tools(
                 ));
             }
         }
-        definitions.push(ToolDefinition {
+        let definition = ToolDefinition {
             name: function.name,
             description: function.description,
             parameters: function.parameters.unwrap_or_else(|| serde_json::json!({})),
             strict: function.strict,
             defer_loading: false,
-        });
+        };
+        super::check_strict_tool(&definition)?;
+        definitions.push(definition);
     }
     let required = match choice {
         Choice::Named(name) => {

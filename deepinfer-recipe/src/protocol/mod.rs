@@ -321,3 +321,19 @@ pub struct PromptUsage {
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u32,
 }
+
+/// A `strict: true` tool's parameters must have a strict normal form
+/// ([`crate::grammar::strict_schema`]); the error names the function.
+pub(crate) fn check_strict_tool(tool: &ToolDefinition) -> Result<(), RequestError> {
+    if tool.strict != Some(true) {
+        return Ok(());
+    }
+    crate::grammar::strict_schema(&tool.parameters)
+        .map(drop)
+        .map_err(|error| {
+            RequestError::invalid_param(
+                format!("Invalid schema for function '{}': {error}", tool.name),
+                "tools",
+            )
+        })
+}

@@ -238,7 +238,7 @@ pub fn convert_request(
                 "tools",
             ));
         }
-        tools.push(ToolDefinition {
+        let definition = ToolDefinition {
             name,
             description: field(tool, "description")
                 .and_then(Value::as_str)
@@ -248,7 +248,9 @@ pub fn convert_request(
                 .unwrap_or_else(|| json!({})),
             strict: field(tool, "strict").and_then(Value::as_bool),
             defer_loading: false,
-        });
+        };
+        super::check_strict_tool(&definition)?;
+        tools.push(definition);
     }
     let tool_choice = match field(&request, "tool_choice") {
         None => ToolChoice::Auto,
