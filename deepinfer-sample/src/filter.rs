@@ -35,17 +35,35 @@ pub(crate) fn rank(a: &Cand, b: &Cand) -> Ordering {
 
 /// Collect the allowed tokens of `row` into `out`: all of them when `keep` is
 /// `None`, else the `keep` best (fewer if fewer are allowed), found with one
-/// streaming pass plus occasional partial selections. Returns the number of
-/// allowed tokens.
+/// streaming pass plus occasional partial selections. With `cutoff = Some(c)`
+/// tokens more than `c` below the running maximum may be left out: callers
+/// pass a `c` past which the integer weight is 0, so the filtered distribution
+/// (and every draw from it) is unchanged. Returns the number of allowed tokens.
 pub(crate) fn gather<L: LogitValue>(
     row: &Row<'_, L>,
     keep: Option<usize>,
+    cutoff: Option<f32>,
     out: &mut Vec<Cand>,
 ) -> Result<usize, SampleError> {
     out.clear();
     let mut threshold = f32::NEG_INFINITY;
+    let cut = cutoff.unwrap_or(f32::INFINITY);
+    let mut top = f32::NEG_INFINITY;
+    // Raise the scan threshold to `top - cut` (never lower it).
+    let raise = |l: f32, top: &mut f32, th: &mut f32| {
+        if l > *top {
+            *top = l;
+            let floor = l - cut;
+            if floor > *th {
+                *th = floor;
+            }
+        }
+    };
     let allowed = match keep {
-        None => row.scan(&mut threshold, |id, l, _| out.push(Cand { id, l, w: 0 }))?,
+        None => row.scan(&mut threshold, |id, l, th| {
+            out.push(Cand { id, l, w: 0 });
+            raise(l, &mut top, th);
+        })?,
         Some(k) => {
             let k = k.max(1);
             // A small buffer keeps the threshold close to the running k-th best,
@@ -53,12 +71,15 @@ pub(crate) fn gather<L: LogitValue>(
             let cap = 2 * k + 32;
             let allowed = row.scan(&mut threshold, |id, l, th| {
                 out.push(Cand { id, l, w: 0 });
+                raise(l, &mut top, th);
                 if out.len() >= cap {
                     out.select_nth_unstable_by(k - 1, rank);
                     out.truncate(k);
                     // Later tokens have larger ids, so one equal to the k-th
                     // best ranks after it: only strictly larger logits matter.
-                    *th = out[k - 1].l;
+                    if out[k - 1].l > *th {
+                        *th = out[k - 1].l;
+                    }
                 }
             })?;
             if out.len() > k {

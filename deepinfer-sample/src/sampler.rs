@@ -8,6 +8,9 @@ use crate::logits::{Adjust, LogitValue, Row, build_adjustments, check_shape};
 use crate::params::{LogprobSource, SamplingParams};
 use crate::rng::{DrawKind, PhiloxStream};
 
+/// `(l - l_max) / t` below `-ZERO_WEIGHT_SPAN` gives weight 0 (`det_exp(-22.2) = 2^-32`).
+const ZERO_WEIGHT_SPAN: f32 = 24.0;
+
 /// Everything needed to sample one row.
 #[derive(Clone, Copy, Debug)]
 pub struct SampleRequest<'a, L> {
@@ -63,13 +66,16 @@ impl Scratch {
 
 /// Compute the filtered distribution of one row into `s.cands` (sorted by
 /// id). With `alts > 0` and [`LogprobSource::Processed`], also the `alts`
-/// best allowed tokens into `s.alts` (best first).
+/// best allowed tokens into `s.alts` (best first). With `prune`, tokens of
+/// weight 0 may be left out of `s.cands` (draws and log-probabilities are the
+/// same; only a full listing of the distribution needs them).
 pub(crate) fn distribution<L: LogitValue>(
     logits: &[L],
     mask: Option<&[u32]>,
     history: &[u32],
     params: &SamplingParams,
     alts: usize,
+    prune: bool,
     s: &mut Scratch,
 ) -> Result<DistInfo, SampleError> {
     params.validate()?;
@@ -89,7 +95,13 @@ pub(crate) fn distribution<L: LogitValue>(
     } else {
         None
     };
-    let allowed = gather(&row, keep, &mut s.cands)?;
+    // Tokens whose weight is surely 0 (`det_exp` of less than -24 is below 2^-32, the
+    // smallest weight, with margin for rounding) need not be collected: with no alternatives
+    // to report, leaving them out changes nothing downstream. Greedy rows (temperature
+    // clamped to 1e-5) then collect only the ties of the maximum instead of the vocabulary.
+    let cutoff = (prune && params.top_logprobs == 0)
+        .then(|| ZERO_WEIGHT_SPAN * params.effective_temperature());
+    let allowed = gather(&row, keep, cutoff, &mut s.cands)?;
     if allowed == 0 {
         return Err(SampleError::MaskForbidsAll);
     }
@@ -214,7 +226,15 @@ impl Sampler {
     ) -> Result<SampleOutput, SampleError> {
         let s = &mut self.scratch;
         let p = req.params;
-        let info = distribution(req.logits, req.mask, req.history, p, p.top_logprobs, s)?;
+        let info = distribution(
+            req.logits,
+            req.mask,
+            req.history,
+            p,
+            p.top_logprobs,
+            true,
+            s,
+        )?;
         let mut stream = PhiloxStream::for_draw(p.seed, req.position, DrawKind::Sample);
         let chosen = draw(&s.cands, info.total, &mut stream);
         let (logprob, top_logprobs) = logprobs(req.logits, req.mask, p, &info, chosen, s)?;
@@ -241,7 +261,7 @@ pub fn filtered_weights<L: LogitValue>(
     params: &SamplingParams,
 ) -> Result<(Vec<(u32, u64)>, u64), SampleError> {
     let mut s = Scratch::new();
-    let info = distribution(logits, mask, history, params, 0, &mut s)?;
+    let info = distribution(logits, mask, history, params, 0, false, &mut s)?;
     Ok((s.cands.iter().map(|c| (c.id, c.w)).collect(), info.total))
 }
 

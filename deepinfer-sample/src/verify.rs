@@ -152,6 +152,7 @@ impl Verifier {
             &self.history,
             req.params,
             0,
+            true,
             &mut self.scratch,
         )
     }

@@ -128,3 +128,46 @@ fn all_masked_is_an_error_in_both() {
         Err(SampleError::MaskForbidsAll)
     );
 }
+
+#[test]
+fn pruned_rows_of_a_full_vocabulary_equal_the_sort_definition() {
+    // 129,280 logits with a tie at the top and a near-tie within the greedy temperature:
+    // the sampler leaves zero-weight tokens out, the reference sorts all of them.
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut logits: Vec<f32> = (0..129_280)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 20_000) as f32 * 1e-3 - 10.0
+        })
+        .collect();
+    logits[77] = 11.0;
+    logits[90_001] = 11.0;
+    logits[5] = 11.0 - 3e-5;
+    for (t, top_p, top_k) in [(0.0, 1.0, 0), (1e-4, 1.0, 0), (0.7, 0.9, 0), (1.0, 1.0, 40)] {
+        for position in 0..4 {
+            let params = SamplingParams {
+                temperature: t,
+                top_p,
+                top_k,
+                seed: 11,
+                ..SamplingParams::default()
+            };
+            let req = SampleRequest {
+                logits: &logits,
+                mask: None,
+                history: &[],
+                position,
+                params: &params,
+            };
+            let a = sample(&req).unwrap();
+            let (token, lp) = sample_sorted(&req).unwrap();
+            assert_eq!(
+                (a.token, a.logprob.to_bits()),
+                (token, lp.to_bits()),
+                "t {t}"
+            );
+        }
+    }
+}
