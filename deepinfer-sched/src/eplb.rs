@@ -510,20 +510,56 @@ fn improve_layer(w: &[f64], slots: &mut [u32], devices: usize, k: usize, budget:
         cnt[e as usize] += 1;
     }
     let mut dev = vec![0.0f64; devices];
-    let mut order: Vec<usize> = (0..devices).collect();
+    const TOP: usize = 8;
+    let mut order: Vec<usize> = Vec::with_capacity(TOP);
     // Slots of each expert, CSR style (rebuilt per accepted step: cheap, O(slots)).
     let mut start = vec![0usize; experts + 1];
+    let mut fill = vec![0usize; experts + 1];
     let mut members = vec![0u32; slots.len()];
     let mut changed: Vec<(usize, f64)> = Vec::new();
+    // Load per replica of each expert; only the two experts a move touches change.
+    let mut per_e: Vec<f64> = (0..experts)
+        .map(|e| {
+            if cnt[e] == 0 {
+                0.0
+            } else {
+                w[e] / cnt[e] as f64
+            }
+        })
+        .collect();
     let mut left = budget;
     while left > 0 {
-        let per = |e: u32| w[e as usize] / cnt[e as usize] as f64;
-        dev.iter_mut().for_each(|v| *v = 0.0);
-        for (s, &e) in slots.iter().enumerate() {
-            dev[s / k] += per(e);
+        let per = |e: u32| per_e[e as usize];
+        // Device-major, so no division per slot.
+        for (d, v) in dev.iter_mut().enumerate() {
+            *v = slots[d * k..(d + 1) * k]
+                .iter()
+                .fold(0.0, |a, &e| a + per(e));
         }
-        order.sort_unstable_by(|&a, &b| dev[b].total_cmp(&dev[a]));
-        let (dmax, dmin) = (order[0], order[devices - 1]);
+        // The TOP heaviest devices, heaviest first (a full sort per step cost
+        // more than the rest of the step), and the lightest one.
+        order.clear();
+        let mut dmin = 0;
+        for d in 0..devices {
+            if dev[d].total_cmp(&dev[dmin]).is_lt() {
+                dmin = d;
+            }
+            if order.len() < TOP
+                || order
+                    .last()
+                    .is_some_and(|&o| dev[d].total_cmp(&dev[o]).is_gt())
+            {
+                if order.len() == TOP {
+                    order.pop();
+                }
+                let pos = order
+                    .iter()
+                    .position(|&o| dev[d].total_cmp(&dev[o]).is_gt())
+                    .unwrap_or(order.len());
+                order.insert(pos, d);
+            }
+        }
+        let dmax = order[0];
         let (lmax, lmin) = (dev[dmax], dev[dmin]);
         if dmax == dmin || lmax <= 0.0 {
             break;
@@ -535,7 +571,7 @@ fn improve_layer(w: &[f64], slots: &mut [u32], devices: usize, k: usize, budget:
         for e in 0..experts {
             start[e + 1] += start[e];
         }
-        let mut fill = start.clone();
+        fill.copy_from_slice(&start);
         for (s, &e) in slots.iter().enumerate() {
             members[fill[e as usize]] = s as u32;
             fill[e as usize] += 1;
@@ -590,10 +626,15 @@ fn improve_layer(w: &[f64], slots: &mut [u32], devices: usize, k: usize, budget:
                     }
                 }
                 bump(dmin, we / (ce + 1.0) - wtt / ct);
-                let mut m = order
-                    .iter()
-                    .find(|&&d| !changed.iter().any(|c| c.0 == d))
-                    .map_or(f64::NEG_INFINITY, |&d| dev[d]);
+                let untouched = |d: &usize| !changed.iter().any(|c| c.0 == *d);
+                let mut m = match order.iter().find(|d| untouched(d)) {
+                    Some(&d) => dev[d],
+                    // Every listed device changes: scan them all.
+                    None => (0..devices)
+                        .filter(untouched)
+                        .map(|d| dev[d])
+                        .fold(f64::NEG_INFINITY, f64::max),
+                };
                 for &(d, delta) in &changed {
                     m = m.max(dev[d] + delta);
                 }
@@ -606,9 +647,12 @@ fn improve_layer(w: &[f64], slots: &mut [u32], devices: usize, k: usize, budget:
         if kind == 0 {
             slots.swap(s, t);
         } else {
-            cnt[slots[t] as usize] -= 1;
-            cnt[slots[s] as usize] += 1;
+            let (es, et) = (slots[s] as usize, slots[t] as usize);
+            cnt[et] -= 1;
+            cnt[es] += 1;
             slots[t] = slots[s];
+            per_e[es] = w[es] / cnt[es] as f64;
+            per_e[et] = w[et] / cnt[et] as f64;
         }
         left -= cost;
     }
