@@ -1,22 +1,17 @@
-//! Any bytes as a request body of each protocol: never a panic.
+//! Any bytes as a request body of each protocol: never a panic (the body is
+//! shared with `examples/fuzz_driver`, which runs without nightly).
 #![no_main]
 
-use deepinfer_recipe::protocol::anthropic::MessagesRequest;
-use deepinfer_recipe::protocol::chat::ChatRequest;
-use deepinfer_recipe::protocol::responses::convert_request;
-use deepinfer_recipe::protocol::ConversionOptions;
-use deepinfer_recipe::Renderer;
+use std::sync::OnceLock;
+
+use deepinfer_recipe::PromptTokenizer;
 use libfuzzer_sys::fuzz_target;
 
+#[path = "../../examples/fuzz_driver/bodies.rs"]
+mod bodies;
+
 fuzz_target!(|data: &[u8]| {
-    let Ok(body) = std::str::from_utf8(data) else { return };
-    let options = ConversionOptions::default();
-    let converted = [
-        ChatRequest::from_json(body).and_then(|r| r.convert(&options)),
-        MessagesRequest::from_json(body).and_then(|r| r.convert(&options)),
-        convert_request(body, &options),
-    ];
-    for request in converted.into_iter().flatten() {
-        let _ = Renderer::new(request.format).render(&request.conversation);
-    }
+    static TOKENIZER: OnceLock<PromptTokenizer> = OnceLock::new();
+    let tokenizer = TOKENIZER.get_or_init(|| PromptTokenizer::deepseek_v4().unwrap());
+    bodies::request_parsing(data, tokenizer);
 });
