@@ -9,12 +9,16 @@
 //! present). `CudaBackend` exposes the operations as typed methods on device buffers (GEMV /
 //! GEMM against f32, bf16, FP8 and FP4 weights, RMSNorm, softmax, embedding gather, RoPE,
 //! SwiGLU, MoE routing, sink attention, indexer scores, top-k, compressor pooling, paged block
-//! copy, quantise / dequantise, sampling); it does not implement the [`crate::Backend`] trait
-//! itself yet.
+//! copy, quantise / dequantise, sampling), and implements the [`crate::Backend`] trait on
+//! [`CudaTensor`]s in [`impl_backend`]: most trait operations launch those kernels, the rest
+//! (hyper-connections, grouped expert GEMM, some layout ops, fake quantisation, ..) round-trip
+//! through the host and the CPU backend; that module lists which.
 
+pub mod impl_backend;
 pub mod nvrtc;
 mod ops;
 
+pub use impl_backend::CudaTensor;
 pub use ops::CudaQuant;
 
 use std::collections::HashMap;
@@ -51,6 +55,8 @@ pub struct CudaBackend {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     /// cuBLAS, created at the first GEMM; `None` inside when libcublas cannot be loaded.
     blas: std::sync::OnceLock<Option<cudarc::cublas::CudaBlas>>,
+    /// Runs the trait operations that have no device kernel yet (see [`impl_backend`]).
+    cpu: crate::cpu::CpuBackend,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -84,6 +90,7 @@ impl CudaBackend {
             cc: (major, minor),
             modules: Mutex::new(HashMap::new()),
             blas: std::sync::OnceLock::new(),
+            cpu: crate::cpu::CpuBackend::new(),
         })
     }
 

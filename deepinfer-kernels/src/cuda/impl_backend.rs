@@ -1,0 +1,1119 @@
+//! `impl Backend for CudaBackend`: device tensors ([`CudaTensor`]) and every trait operation.
+//!
+//! **Compile-checked, not run-checked.** No GPU was available when this was written: the code
+//! type-checks against cudarc and the kernels compile under NVRTC, but no result of this trait
+//! implementation has been compared with the CPU backend on a device yet.
+//!
+//! Each operation either launches an existing kernel wrapper of [`CudaBackend`] or, where no
+//! kernel exists yet, **round-trips through the host**: the inputs are downloaded, the held
+//! [`CpuBackend`] (same batch-invariant setting) runs its implementation, and the result is
+//! uploaded. Correct, but slow (a stream synchronisation and two PCIe copies per call).
+//!
+//! Launch on the device (f32 activations; other dtypes or shapes outside a kernel's limits take
+//! the host path, which also produces the CPU backend's error for bad input):
+//! uploads / downloads / `zeros`, `reshape` (no copy), `cast` f32↔bf16, `narrow` when every
+//! axis before `dim` has size 1, `concat` along axis 0, `write_rows`, `copy_blocks` (device
+//! to device copies), `gather_rows` (f32 / bf16 tables), `add` / `mul` (suffix broadcast),
+//! `affine`, `unary`, `swiglu`, `softmax`, `rms_norm`, `matmul` (f32, bf16 and FP8 / FP4
+//! weights), `rope`, `sparse_attention` (i32 indices, up to ~12k keys per row),
+//! `compress_pool`, `indexer_scores`, `topk`, `moe_route` (top-k ≤ 32), `sample`.
+//!
+//! Round-trip through the host (no kernel yet): `narrow` along an inner axis, `concat` along
+//! an inner axis, `transpose`, `mean_axis1`, `sum_last` (trait default), `argmax`,
+//! `block_max`, `mask_neg_inf`, `bmm`, `grouped_matmul`, `hc_mixes`, `hc_pre_only`,
+//! `hc_collapse`, `hc_expand`, `moe_route_hash`, `moe_experts` (grouped expert GEMM: only the
+//! experts the indices name are downloaded), `fake_quant`, `cast` to or from f16, and
+//! f16 weights in `matmul`.
+//!
+//! Index checks: `gather_rows` and `sparse_attention` download their (small) index tensors to
+//! check the range on the host first, since an index outside the buffer would fault the
+//! device context instead of returning an error. Quantised weights reach the host path
+//! dequantised to f32 (the same values the CPU decodes on the fly).
+//!
+//! Batch invariance: with a batch-invariant [`CpuConfig`], `matmul` always uses the GEMV
+//! kernels (one warp per output, a fixed reduction order independent of the row count)
+//! instead of cuBLAS; every other device kernel is row-local already. In fast mode, `matmul`
+//! with more than one row uses cuBLAS, and against bf16 weights it rounds the activations to
+//! bf16 first (the CPU keeps them in f32).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use half::{bf16, f16};
+
+use super::{CudaBackend, CudaQuant, dev};
+use crate::DType;
+use crate::backend::{Backend, ExpertWeights, HcMixes, RouteParams, TensorInfo, Unary};
+use crate::cpu::{CpuBackend, CpuConfig, CpuTensor};
+use crate::error::{KernelError, Result, invalid, shape_err};
+use crate::quant::{FakeQuant, QuantMatrix};
+use crate::sampling::SampleRow;
+
+/// Device buffers by element type (shared; writes copy when the buffer is shared).
+#[derive(Clone)]
+enum Buf {
+    F32(Arc<CudaSlice<f32>>),
+    /// bf16 as raw bits.
+    BF16(Arc<CudaSlice<u16>>),
+    /// f16 as raw bits.
+    F16(Arc<CudaSlice<u16>>),
+    I32(Arc<CudaSlice<i32>>),
+    I64(Arc<CudaSlice<i64>>),
+    Quant(Arc<CudaQuant>),
+}
+
+/// A tensor in device memory: a shape, an element type and a shared `CudaSlice`.
+///
+/// Cloning shares the buffer; the in-place trait operations (`write_rows`, `copy_blocks`)
+/// copy it first when it is shared. An empty tensor holds a one-element buffer (a zero-size
+/// device allocation is not allowed); the device kernels are never launched on it.
+#[derive(Clone)]
+pub struct CudaTensor {
+    shape: Vec<usize>,
+    buf: Buf,
+}
+
+impl std::fmt::Debug for CudaTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaTensor")
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype())
+            .finish()
+    }
+}
+
+impl TensorInfo for CudaTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn dtype(&self) -> DType {
+        match &self.buf {
+            Buf::F32(_) => DType::F32,
+            Buf::BF16(_) => DType::BF16,
+            Buf::F16(_) => DType::F16,
+            Buf::I32(_) => DType::I32,
+            Buf::I64(_) => DType::I64,
+            Buf::Quant(q) => q.format().dtype(),
+        }
+    }
+}
+
+impl CudaTensor {
+    /// The f32 device buffer, for the typed launch methods of [`CudaBackend`].
+    pub fn as_f32(&self) -> Option<&CudaSlice<f32>> {
+        match &self.buf {
+            Buf::F32(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The i32 device buffer.
+    pub fn as_i32(&self) -> Option<&CudaSlice<i32>> {
+        match &self.buf {
+            Buf::I32(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn f32(shape: &[usize], s: CudaSlice<f32>) -> Self {
+        Self {
+            shape: shape.to_vec(),
+            buf: Buf::F32(Arc::new(s)),
+        }
+    }
+
+    fn i32(shape: &[usize], s: CudaSlice<i32>) -> Self {
+        Self {
+            shape: shape.to_vec(),
+            buf: Buf::I32(Arc::new(s)),
+        }
+    }
+}
+
+/// The f32 slices of all tensors when every one is f32 and non-empty (the device kernels'
+/// precondition); `None` sends the call to the host path.
+fn all_f32<const N: usize>(ts: [&CudaTensor; N]) -> Option<[&CudaSlice<f32>; N]> {
+    let mut out = Vec::with_capacity(N);
+    for t in ts {
+        if t.numel() == 0 {
+            return None;
+        }
+        out.push(t.as_f32()?);
+    }
+    out.try_into().ok()
+}
+
+fn unary_code(f: Unary) -> i32 {
+    match f {
+        Unary::Silu => 0,
+        Unary::Sigmoid => 1,
+        Unary::Softplus => 2,
+        Unary::SqrtSoftplus => 3,
+        Unary::Relu => 4,
+        Unary::Exp => 5,
+        Unary::Neg => 6,
+        Unary::SignedSqrtSigmoid => 7,
+    }
+}
+
+fn grid1(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u64).div_ceil(256).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Launches the one-thread-per-element kernel `$entry` of `elementwise.cu` over `$n` outputs
+/// into a new f32 buffer `$y`, with the argument list `$args` (which must mention `&mut $y`).
+macro_rules! elementwise {
+    ($self:ident, $entry:expr, $n:expr, $y:ident, [$($arg:expr),* $(,)?]) => {{
+        let f = $self.function("elementwise", $entry)?;
+        let mut $y = $self.stream.alloc_zeros::<f32>($n).map_err(dev("alloc"))?;
+        let mut b = $self.stream.launch_builder(&f);
+        $( b.arg($arg); )*
+        // SAFETY: each call site passes exactly the parameter list of `$entry` (see the
+        // comment there), with buffers of `$n` elements; one thread per element.
+        unsafe { b.launch(grid1($n)) }.map_err(dev("launch elementwise"))?;
+        $y
+    }};
+}
+
+/// Checks that `len` values fill `shape`.
+fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<()> {
+    let want: usize = shape.iter().product();
+    if want != len {
+        return Err(shape_err(op, format!("{len} values for shape {shape:?}")));
+    }
+    Ok(())
+}
+
+impl CudaBackend {
+    /// The CPU backend that runs the operations without a device kernel.
+    pub fn host_backend(&self) -> &CpuBackend {
+        &self.cpu
+    }
+
+    /// Opens device `ordinal` with explicit options for the host path (and batch-invariant
+    /// GEMMs on the device when `cpu.batch_invariant` is set).
+    pub fn with_cpu_config(ordinal: usize, cpu: CpuConfig) -> Result<Self> {
+        let mut b = Self::new(ordinal)?;
+        b.cpu = CpuBackend::with_config(cpu)?;
+        Ok(b)
+    }
+
+    fn batch_invariant(&self) -> bool {
+        self.cpu.config().batch_invariant
+    }
+
+    /// Uploads `data`, padding an empty slice to one element (see [`CudaTensor`]).
+    fn put<T: DeviceRepr + Default>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        if data.is_empty() {
+            self.upload(&[T::default()])
+        } else {
+            self.upload(data)
+        }
+    }
+
+    fn get<T: DeviceRepr>(&self, s: &CudaSlice<T>, numel: usize) -> Result<Vec<T>> {
+        let mut v = self.download(s)?;
+        v.truncate(numel);
+        Ok(v)
+    }
+
+    /// Downloads a tensor into a CPU tensor (quantised weights as their dequantised f32).
+    fn host(&self, t: &CudaTensor) -> Result<CpuTensor> {
+        let n = t.numel();
+        let c = &self.cpu;
+        match &t.buf {
+            Buf::F32(s) => c.upload_f32(&self.get(s, n)?, &t.shape),
+            Buf::BF16(s) => {
+                let v: Vec<bf16> = self.get(s, n)?.into_iter().map(bf16::from_bits).collect();
+                c.upload_bf16(&v, &t.shape)
+            }
+            Buf::F16(s) => {
+                let v: Vec<f16> = self.get(s, n)?.into_iter().map(f16::from_bits).collect();
+                c.upload_f16(&v, &t.shape)
+            }
+            Buf::I32(s) => c.upload_i32(&self.get(s, n)?, &t.shape),
+            Buf::I64(s) => c.upload_i64(&self.get(s, n)?, &t.shape),
+            Buf::Quant(q) => c.upload_f32(&self.get(&self.dequantize(q)?, n)?, &t.shape),
+        }
+    }
+
+    /// Uploads a CPU tensor (the host path's result).
+    fn device(&self, t: &CpuTensor) -> Result<CudaTensor> {
+        let c = &self.cpu;
+        let shape = t.shape();
+        match t.dtype() {
+            DType::F32 => self.upload_f32(&c.download_f32(t)?, shape),
+            // Exact: every bf16 / f16 value is an f32 value.
+            DType::BF16 => {
+                let v: Vec<bf16> = c.download_f32(t)?.into_iter().map(bf16::from_f32).collect();
+                self.upload_bf16(&v, shape)
+            }
+            DType::F16 => {
+                let v: Vec<f16> = c.download_f32(t)?.into_iter().map(f16::from_f32).collect();
+                self.upload_f16(&v, shape)
+            }
+            DType::I32 => self.upload_i32(&c.download_i32(t)?, shape),
+            DType::I64 => self.upload_i64(&c.download_i64(t)?, shape),
+            d => Err(KernelError::DType {
+                op: "cuda host path",
+                dtype: d,
+            }),
+        }
+    }
+
+    fn binary(
+        &self,
+        entry: &'static str,
+        a: &CudaTensor,
+        b: &CudaTensor,
+    ) -> Result<Option<CudaTensor>> {
+        let (sa, sb) = (&a.shape, &b.shape);
+        if sb.len() > sa.len() || sa[sa.len() - sb.len()..] != sb[..] {
+            return Ok(None);
+        }
+        let Some([av, bv]) = all_f32([a, b]) else {
+            return Ok(None);
+        };
+        let (n, nb) = (a.numel() as u64, b.numel() as u64);
+        // (a, b, y, n, nb) as `add_bcast` / `mul_bcast` take them.
+        let y = elementwise!(self, entry, a.numel(), y, [av, bv, &mut y, &n, &nb]);
+        Ok(Some(CudaTensor::f32(sa, y)))
+    }
+
+    /// A copy of `buf` this tensor owns alone (copy-on-write before an in-place op).
+    fn own<T: DeviceRepr>(&self, s: &mut Arc<CudaSlice<T>>) -> Result<()> {
+        if Arc::get_mut(s).is_none() {
+            *s = Arc::new(self.stream.clone_dtod(&**s).map_err(dev("copy"))?);
+        }
+        Ok(())
+    }
+
+    fn write_rows_dev<T: DeviceRepr>(
+        &self,
+        dst: &mut Arc<CudaSlice<T>>,
+        src: &CudaSlice<T>,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.own(dst)?;
+        let d = Arc::get_mut(dst).ok_or_else(|| KernelError::Device("shared buffer".into()))?;
+        self.stream
+            .memcpy_dtod(&src.slice(..len), &mut d.slice_mut(at..at + len))
+            .map_err(dev("write_rows"))
+    }
+
+    fn copy_blocks_dev<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        cache: &mut Arc<CudaSlice<T>>,
+        block: usize,
+        pairs: &[(usize, usize)],
+    ) -> Result<()> {
+        self.own(cache)?;
+        let c = Arc::get_mut(cache).ok_or_else(|| KernelError::Device("shared buffer".into()))?;
+        // Stage every source first so a block that is both a source and a destination is
+        // read before it is overwritten (the trait's contract).
+        let mut stage = self
+            .stream
+            .alloc_zeros::<T>(pairs.len() * block)
+            .map_err(dev("alloc"))?;
+        for (i, &(s, _)) in pairs.iter().enumerate() {
+            self.stream
+                .memcpy_dtod(
+                    &c.slice(s * block..(s + 1) * block),
+                    &mut stage.slice_mut(i * block..(i + 1) * block),
+                )
+                .map_err(dev("copy_blocks stage"))?;
+        }
+        for (i, &(_, d)) in pairs.iter().enumerate() {
+            self.stream
+                .memcpy_dtod(
+                    &stage.slice(i * block..(i + 1) * block),
+                    &mut c.slice_mut(d * block..(d + 1) * block),
+                )
+                .map_err(dev("copy_blocks commit"))?;
+        }
+        Ok(())
+    }
+
+    fn concat_dev<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        parts: &[(&CudaSlice<T>, usize)],
+    ) -> Result<CudaSlice<T>> {
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let mut out = self.stream.alloc_zeros::<T>(total).map_err(dev("alloc"))?;
+        let mut at = 0;
+        for &(s, n) in parts {
+            self.stream
+                .memcpy_dtod(&s.slice(..n), &mut out.slice_mut(at..at + n))
+                .map_err(dev("concat"))?;
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// An index tensor as host i64 values.
+    fn host_ids(&self, t: &CudaTensor) -> Result<Option<Vec<i64>>> {
+        let n = t.numel();
+        Ok(match &t.buf {
+            Buf::I64(s) => Some(self.get(s, n)?),
+            Buf::I32(s) => Some(self.get(s, n)?.into_iter().map(i64::from).collect()),
+            _ => None,
+        })
+    }
+
+    fn matmul_dev(&self, x: &CudaTensor, w: &CudaTensor) -> Result<Option<CudaTensor>> {
+        if w.shape.len() != 2 || x.shape.last() != Some(&w.shape[1]) || w.numel() == 0 {
+            return Ok(None);
+        }
+        let Some([xv]) = all_f32([x]) else {
+            return Ok(None);
+        };
+        let (n, k) = (w.shape[0], w.shape[1]);
+        let m = x.numel() / k;
+        let small = self.batch_invariant() || m == 1;
+        let y = match &w.buf {
+            Buf::F32(ws) if small => self.gemv_f32(xv, ws, m, n, k)?,
+            Buf::F32(ws) => self.gemm_f32(xv, ws, m, n, k)?,
+            Buf::BF16(ws) if small => self.gemv_bf16(xv, ws, m, n, k)?,
+            Buf::BF16(ws) => self.gemm_bf16(xv, ws, m, n, k)?,
+            Buf::Quant(q) => self.gemv_quant(xv, q, m)?,
+            _ => return Ok(None),
+        };
+        let mut shape = x.shape.clone();
+        if let Some(l) = shape.last_mut() {
+            *l = n;
+        }
+        Ok(Some(CudaTensor::f32(&shape, y)))
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ctx.ordinal())
+    }
+
+    // ---- data movement -------------------------------------------------------------------
+
+    fn upload_f32(&self, data: &[f32], shape: &[usize]) -> Result<CudaTensor> {
+        check_len("upload_f32", data.len(), shape)?;
+        Ok(CudaTensor::f32(shape, self.put(data)?))
+    }
+
+    fn upload_bf16(&self, data: &[bf16], shape: &[usize]) -> Result<CudaTensor> {
+        check_len("upload_bf16", data.len(), shape)?;
+        let bits: Vec<u16> = data.iter().map(|v| v.to_bits()).collect();
+        Ok(CudaTensor {
+            shape: shape.to_vec(),
+            buf: Buf::BF16(Arc::new(self.put(&bits)?)),
+        })
+    }
+
+    fn upload_f16(&self, data: &[f16], shape: &[usize]) -> Result<CudaTensor> {
+        check_len("upload_f16", data.len(), shape)?;
+        let bits: Vec<u16> = data.iter().map(|v| v.to_bits()).collect();
+        Ok(CudaTensor {
+            shape: shape.to_vec(),
+            buf: Buf::F16(Arc::new(self.put(&bits)?)),
+        })
+    }
+
+    fn upload_i32(&self, data: &[i32], shape: &[usize]) -> Result<CudaTensor> {
+        check_len("upload_i32", data.len(), shape)?;
+        Ok(CudaTensor::i32(shape, self.put(data)?))
+    }
+
+    fn upload_i64(&self, data: &[i64], shape: &[usize]) -> Result<CudaTensor> {
+        check_len("upload_i64", data.len(), shape)?;
+        Ok(CudaTensor {
+            shape: shape.to_vec(),
+            buf: Buf::I64(Arc::new(self.put(data)?)),
+        })
+    }
+
+    fn upload_quant(&self, q: &QuantMatrix) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            shape: vec![q.rows(), q.cols()],
+            buf: Buf::Quant(Arc::new(CudaBackend::upload_quant(self, q)?)),
+        })
+    }
+
+    fn download_f32(&self, t: &CudaTensor) -> Result<Vec<f32>> {
+        let n = t.numel();
+        match &t.buf {
+            Buf::F32(s) => self.get(s, n),
+            Buf::BF16(s) => Ok(self
+                .get(s, n)?
+                .into_iter()
+                .map(|b| bf16::from_bits(b).to_f32())
+                .collect()),
+            Buf::F16(s) => Ok(self
+                .get(s, n)?
+                .into_iter()
+                .map(|b| f16::from_bits(b).to_f32())
+                .collect()),
+            Buf::Quant(q) => self.get(&self.dequantize(q)?, n),
+            // The CPU backend's answer (an error) for integer tensors.
+            _ => self.cpu.download_f32(&self.host(t)?),
+        }
+    }
+
+    fn download_i32(&self, t: &CudaTensor) -> Result<Vec<i32>> {
+        match &t.buf {
+            Buf::I32(s) => self.get(s, t.numel()),
+            _ => self.cpu.download_i32(&self.host(t)?),
+        }
+    }
+
+    fn download_i64(&self, t: &CudaTensor) -> Result<Vec<i64>> {
+        match self.host_ids(t)? {
+            Some(v) => Ok(v),
+            None => self.cpu.download_i64(&self.host(t)?),
+        }
+    }
+
+    fn zeros(&self, shape: &[usize], dtype: DType) -> Result<CudaTensor> {
+        let n = shape.iter().product::<usize>().max(1);
+        macro_rules! z {
+            ($v:ident) => {
+                Buf::$v(Arc::new(self.stream.alloc_zeros(n).map_err(dev("alloc"))?))
+            };
+        }
+        let buf = match dtype {
+            DType::F32 => z!(F32),
+            DType::BF16 => z!(BF16),
+            DType::F16 => z!(F16),
+            DType::I32 => z!(I32),
+            DType::I64 => z!(I64),
+            d => {
+                return Err(KernelError::DType {
+                    op: "zeros",
+                    dtype: d,
+                });
+            }
+        };
+        Ok(CudaTensor {
+            shape: shape.to_vec(),
+            buf,
+        })
+    }
+
+    fn cast(&self, t: &CudaTensor, dtype: DType) -> Result<CudaTensor> {
+        if t.dtype() == dtype && dtype.is_float() {
+            return Ok(t.clone());
+        }
+        if t.numel() > 0 {
+            match (&t.buf, dtype) {
+                (Buf::F32(s), DType::BF16) => {
+                    return Ok(CudaTensor {
+                        shape: t.shape.clone(),
+                        buf: Buf::BF16(Arc::new(self.to_bf16(s)?)),
+                    });
+                }
+                (Buf::BF16(s), DType::F32) => {
+                    let n = t.numel() as u64;
+                    let sv: &CudaSlice<u16> = s;
+                    // (a, y, n) as `bf16_to_f32_k` takes them.
+                    let y = elementwise!(self, "bf16_to_f32_k", t.numel(), y, [sv, &mut y, &n]);
+                    return Ok(CudaTensor::f32(&t.shape, y));
+                }
+                _ => {}
+            }
+        }
+        self.device(&self.cpu.cast(&self.host(t)?, dtype)?)
+    }
+
+    fn reshape(&self, t: &CudaTensor, shape: &[usize]) -> Result<CudaTensor> {
+        if shape.iter().product::<usize>() != t.numel() {
+            return self.device(&self.cpu.reshape(&self.host(t)?, shape)?);
+        }
+        Ok(CudaTensor {
+            shape: shape.to_vec(),
+            buf: t.buf.clone(),
+        })
+    }
+
+    fn narrow(&self, t: &CudaTensor, dim: usize, start: usize, len: usize) -> Result<CudaTensor> {
+        let ok = dim < t.shape.len()
+            && start + len <= t.shape[dim]
+            && t.shape[..dim].iter().all(|&s| s == 1)
+            && len > 0
+            && !matches!(t.buf, Buf::Quant(_));
+        if ok {
+            // Every axis before `dim` has size 1: the result is one contiguous range.
+            let inner: usize = t.shape[dim + 1..].iter().product();
+            let (a, b) = (start * inner, (start + len) * inner);
+            let mut shape = t.shape.clone();
+            shape[dim] = len;
+            if inner > 0 {
+                macro_rules! cut {
+                    ($v:ident, $s:expr) => {
+                        Buf::$v(Arc::new(
+                            self.stream
+                                .clone_dtod(&$s.slice(a..b))
+                                .map_err(dev("narrow"))?,
+                        ))
+                    };
+                }
+                let buf = match &t.buf {
+                    Buf::F32(s) => Some(cut!(F32, s)),
+                    Buf::BF16(s) => Some(cut!(BF16, s)),
+                    Buf::F16(s) => Some(cut!(F16, s)),
+                    Buf::I32(s) => Some(cut!(I32, s)),
+                    Buf::I64(s) => Some(cut!(I64, s)),
+                    Buf::Quant(_) => None,
+                };
+                if let Some(buf) = buf {
+                    return Ok(CudaTensor { shape, buf });
+                }
+            }
+        }
+        self.device(&self.cpu.narrow(&self.host(t)?, dim, start, len)?)
+    }
+
+    fn concat(&self, ts: &[&CudaTensor], dim: usize) -> Result<CudaTensor> {
+        let first = ts.first();
+        let ok = dim == 0
+            && first.is_some_and(|f| {
+                !f.shape.is_empty()
+                    && ts.iter().all(|t| {
+                        t.dtype() == f.dtype()
+                            && t.shape.len() == f.shape.len()
+                            && t.shape[1..] == f.shape[1..]
+                            && !matches!(t.buf, Buf::Quant(_))
+                    })
+            })
+            && ts.iter().any(|t| t.numel() > 0);
+        if let (true, Some(f)) = (ok, first) {
+            let mut shape = f.shape.clone();
+            shape[0] = ts.iter().map(|t| t.shape[0]).sum();
+            macro_rules! cat {
+                ($v:ident) => {{
+                    let parts: Vec<(&CudaSlice<_>, usize)> = ts
+                        .iter()
+                        .filter(|t| t.numel() > 0)
+                        .filter_map(|t| match &t.buf {
+                            Buf::$v(s) => Some((&**s, t.numel())),
+                            _ => None,
+                        })
+                        .collect();
+                    Buf::$v(Arc::new(self.concat_dev(&parts)?))
+                }};
+            }
+            let buf = match f.buf {
+                Buf::F32(_) => cat!(F32),
+                Buf::BF16(_) => cat!(BF16),
+                Buf::F16(_) => cat!(F16),
+                Buf::I32(_) => cat!(I32),
+                Buf::I64(_) => cat!(I64),
+                Buf::Quant(_) => return Err(invalid("concat", "quantised tensor")),
+            };
+            return Ok(CudaTensor { shape, buf });
+        }
+        let host: Vec<CpuTensor> = ts.iter().map(|t| self.host(t)).collect::<Result<_>>()?;
+        let refs: Vec<&CpuTensor> = host.iter().collect();
+        self.device(&self.cpu.concat(&refs, dim)?)
+    }
+
+    fn transpose(&self, t: &CudaTensor, a: usize, b: usize) -> Result<CudaTensor> {
+        self.device(&self.cpu.transpose(&self.host(t)?, a, b)?)
+    }
+
+    fn gather_rows(&self, table: &CudaTensor, idx: &CudaTensor) -> Result<CudaTensor> {
+        if !table.shape.is_empty() && table.numel() > 0 && idx.numel() > 0 {
+            let v = table.shape[0];
+            let row = table.numel() / v;
+            if let Some(ids) = self.host_ids(idx)?
+                && ids.iter().all(|&i| i >= 0 && (i as usize) < v)
+            {
+                let ids = self.upload(&ids)?;
+                let out = match &table.buf {
+                    Buf::F32(s) => Some(self.gather_rows_f32(s, row, &ids)?),
+                    Buf::BF16(s) => Some(self.gather_rows_bf16(s, row, &ids)?),
+                    _ => None,
+                };
+                if let Some(out) = out {
+                    let mut shape = idx.shape.clone();
+                    shape.extend_from_slice(&table.shape[1..]);
+                    return Ok(CudaTensor::f32(&shape, out));
+                }
+            }
+        }
+        let r = self.cpu.gather_rows(&self.host(table)?, &self.host(idx)?)?;
+        self.device(&r)
+    }
+
+    fn write_rows(&self, dst: &mut CudaTensor, row: usize, src: &CudaTensor) -> Result<()> {
+        let ok = !dst.shape.is_empty()
+            && !src.shape.is_empty()
+            && dst.shape[1..] == src.shape[1..]
+            && row + src.shape[0] <= dst.shape[0]
+            && dst.dtype() == src.dtype()
+            && src.numel() > 0;
+        if ok {
+            let inner: usize = dst.shape[1..].iter().product();
+            let (at, len) = (row * inner, src.numel());
+            match (&mut dst.buf, &src.buf) {
+                (Buf::F32(d), Buf::F32(s)) => return self.write_rows_dev(d, s, at, len),
+                (Buf::BF16(d), Buf::BF16(s)) | (Buf::F16(d), Buf::F16(s)) => {
+                    return self.write_rows_dev(d, s, at, len);
+                }
+                (Buf::I32(d), Buf::I32(s)) => return self.write_rows_dev(d, s, at, len),
+                (Buf::I64(d), Buf::I64(s)) => return self.write_rows_dev(d, s, at, len),
+                _ => {}
+            }
+        }
+        let mut h = self.host(dst)?;
+        self.cpu.write_rows(&mut h, row, &self.host(src)?)?;
+        *dst = self.device(&h)?;
+        Ok(())
+    }
+
+    fn copy_blocks(&self, cache: &mut CudaTensor, pairs: &[(usize, usize)]) -> Result<()> {
+        if let Some(&blocks) = cache.shape.first()
+            && pairs.iter().all(|&(s, d)| s < blocks && d < blocks)
+            && cache.numel() > 0
+        {
+            if pairs.is_empty() {
+                return Ok(());
+            }
+            let block = cache.numel() / blocks;
+            match &mut cache.buf {
+                Buf::F32(c) => return self.copy_blocks_dev(c, block, pairs),
+                Buf::BF16(c) | Buf::F16(c) => return self.copy_blocks_dev(c, block, pairs),
+                Buf::I32(c) => return self.copy_blocks_dev(c, block, pairs),
+                Buf::I64(c) => return self.copy_blocks_dev(c, block, pairs),
+                Buf::Quant(_) => {}
+            }
+        }
+        let mut h = self.host(cache)?;
+        self.cpu.copy_blocks(&mut h, pairs)?;
+        *cache = self.device(&h)?;
+        Ok(())
+    }
+
+    // ---- elementwise and reductions -------------------------------------------------------
+
+    fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        if let Some(y) = self.binary("add_bcast", a, b)? {
+            return Ok(y);
+        }
+        self.device(&self.cpu.add(&self.host(a)?, &self.host(b)?)?)
+    }
+
+    fn mul(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        if let Some(y) = self.binary("mul_bcast", a, b)? {
+            return Ok(y);
+        }
+        self.device(&self.cpu.mul(&self.host(a)?, &self.host(b)?)?)
+    }
+
+    fn affine(&self, a: &CudaTensor, s: f32, c: f32) -> Result<CudaTensor> {
+        if let Some([av]) = all_f32([a]) {
+            let n = a.numel() as u64;
+            // (a, y, n, s, c) as `affine` takes them.
+            let y = elementwise!(self, "affine", a.numel(), y, [av, &mut y, &n, &s, &c]);
+            return Ok(CudaTensor::f32(&a.shape, y));
+        }
+        self.device(&self.cpu.affine(&self.host(a)?, s, c)?)
+    }
+
+    fn unary(&self, a: &CudaTensor, f: Unary) -> Result<CudaTensor> {
+        if let Some([av]) = all_f32([a]) {
+            let n = a.numel() as u64;
+            let op = unary_code(f);
+            // (a, y, n, op) as `unary` takes them.
+            let y = elementwise!(self, "unary", a.numel(), y, [av, &mut y, &n, &op]);
+            return Ok(CudaTensor::f32(&a.shape, y));
+        }
+        self.device(&self.cpu.unary(&self.host(a)?, f)?)
+    }
+
+    fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor, limit: f32) -> Result<CudaTensor> {
+        if gate.shape == up.shape
+            && let Some([g, u]) = all_f32([gate, up])
+        {
+            let y = CudaBackend::swiglu(self, g, u, limit)?;
+            return Ok(CudaTensor::f32(&gate.shape, y));
+        }
+        let r = self.cpu.swiglu(&self.host(gate)?, &self.host(up)?, limit)?;
+        self.device(&r)
+    }
+
+    fn softmax(&self, a: &CudaTensor) -> Result<CudaTensor> {
+        if let Some([av]) = all_f32([a]) {
+            let d = a.shape.last().copied().unwrap_or(1);
+            let y = CudaBackend::softmax(self, av, d)?;
+            return Ok(CudaTensor::f32(&a.shape, y));
+        }
+        self.device(&self.cpu.softmax(&self.host(a)?)?)
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: Option<&CudaTensor>, eps: f32) -> Result<CudaTensor> {
+        if let (Some([xv]), Some(&d)) = (all_f32([x]), x.shape.last()) {
+            let y = match w {
+                Some(w) if w.shape == [d] => {
+                    all_f32([w]).map(|[wv]| CudaBackend::rms_norm(self, xv, wv, d, eps))
+                }
+                Some(_) => None,
+                None => {
+                    let ones = self.upload(&vec![1.0f32; d])?;
+                    Some(CudaBackend::rms_norm(self, xv, &ones, d, eps))
+                }
+            };
+            if let Some(y) = y {
+                return Ok(CudaTensor::f32(&x.shape, y?));
+            }
+        }
+        let wh = w.map(|w| self.host(w)).transpose()?;
+        self.device(&self.cpu.rms_norm(&self.host(x)?, wh.as_ref(), eps)?)
+    }
+
+    fn mean_axis1(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.device(&self.cpu.mean_axis1(&self.host(x)?)?)
+    }
+
+    fn argmax(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.device(&self.cpu.argmax(&self.host(x)?)?)
+    }
+
+    // ---- GEMM -------------------------------------------------------------------------------
+
+    fn matmul(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        if let Some(y) = self.matmul_dev(x, w)? {
+            return Ok(y);
+        }
+        self.device(&self.cpu.matmul(&self.host(x)?, &self.host(w)?)?)
+    }
+
+    fn bmm(&self, a: &CudaTensor, c: &CudaTensor) -> Result<CudaTensor> {
+        self.device(&self.cpu.bmm(&self.host(a)?, &self.host(c)?)?)
+    }
+
+    fn grouped_matmul(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        let r = self.cpu.grouped_matmul(&self.host(x)?, &self.host(w)?)?;
+        self.device(&r)
+    }
+
+    // ---- attention building blocks -------------------------------------------------------
+
+    fn rope(
+        &self,
+        x: &CudaTensor,
+        pos: &[i64],
+        inv_freq: &[f64],
+        inverse: bool,
+    ) -> Result<CudaTensor> {
+        let r = x.shape.len();
+        if (r == 2 || r == 3)
+            && pos.len() == x.shape[0]
+            && 2 * inv_freq.len() <= x.shape[r - 1]
+            && let Some([xv]) = all_f32([x])
+        {
+            let inner = if r == 3 { x.shape[1] } else { 1 };
+            let mut y = self.copy(xv)?;
+            CudaBackend::rope(
+                self,
+                &mut y,
+                x.shape[0],
+                inner,
+                x.shape[r - 1],
+                pos,
+                inv_freq,
+                inverse,
+            )?;
+            return Ok(CudaTensor::f32(&x.shape, y));
+        }
+        let h = self.cpu.rope(&self.host(x)?, pos, inv_freq, inverse)?;
+        self.device(&h)
+    }
+
+    fn sparse_attention(
+        &self,
+        q: &CudaTensor,
+        kv: &CudaTensor,
+        idx: &CudaTensor,
+        sink: &CudaTensor,
+        scale: f32,
+    ) -> Result<CudaTensor> {
+        let shapes_ok = q.shape.len() == 3
+            && kv.shape.len() == 2
+            && idx.shape.len() == 2
+            && kv.shape[1] == q.shape[2]
+            && idx.shape[0] == q.shape[0]
+            && sink.shape == [q.shape[1]]
+            // The kernel keeps one row's scores in 48 KiB of shared memory.
+            && (idx.shape[1] + 128) * 4 <= 48 * 1024;
+        if shapes_ok
+            && let (Some([qv, kvv, sv]), Some(iv)) = (all_f32([q, kv, sink]), idx.as_i32())
+            && idx.numel() > 0
+        {
+            // Out-of-range keys would fault the context: check them on the host first.
+            let j = kv.shape[0] as i32;
+            let ids = self.get(iv, idx.numel())?;
+            if ids.iter().all(|&i| i >= -1 && i < j) {
+                let o = CudaBackend::sparse_attention(
+                    self, qv, kvv, iv, sv, q.shape[1], q.shape[2], scale,
+                )?;
+                return Ok(CudaTensor::f32(&q.shape, o));
+            }
+        }
+        let r = self.cpu.sparse_attention(
+            &self.host(q)?,
+            &self.host(kv)?,
+            &self.host(idx)?,
+            &self.host(sink)?,
+            scale,
+        )?;
+        self.device(&r)
+    }
+
+    fn compress_pool(
+        &self,
+        a: &CudaTensor,
+        z: &CudaTensor,
+        ratio: usize,
+        overlap: bool,
+        first_is_context: bool,
+    ) -> Result<CudaTensor> {
+        let width = a.shape.last().copied().unwrap_or(0);
+        let shapes_ok = a.shape.len() == 2
+            && a.shape == z.shape
+            && ratio > 0
+            && a.shape[0].is_multiple_of(ratio)
+            && a.shape[0] / ratio > usize::from(first_is_context)
+            && (!overlap || width.is_multiple_of(2));
+        if shapes_ok && let Some([av, zv]) = all_f32([a, z]) {
+            let y =
+                CudaBackend::compress_pool(self, av, zv, width, ratio, overlap, first_is_context)?;
+            let n_out = a.shape[0] / ratio - usize::from(first_is_context);
+            let c = if overlap { width / 2 } else { width };
+            return Ok(CudaTensor::f32(&[n_out, c], y));
+        }
+        let r = self.cpu.compress_pool(
+            &self.host(a)?,
+            &self.host(z)?,
+            ratio,
+            overlap,
+            first_is_context,
+        )?;
+        self.device(&r)
+    }
+
+    fn indexer_scores(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        w: &CudaTensor,
+        visible: &[usize],
+        scale: f32,
+    ) -> Result<CudaTensor> {
+        let shapes_ok = q.shape.len() == 3
+            && k.shape.len() == 2
+            && w.shape.len() == 2
+            && k.shape[1] == q.shape[2]
+            && w.shape == q.shape[..2]
+            && visible.len() == q.shape[0];
+        if shapes_ok && let Some([qv, kv, wv]) = all_f32([q, k, w]) {
+            let (hi, di) = (q.shape[1], q.shape[2]);
+            let y = CudaBackend::indexer_scores(self, qv, kv, wv, visible, hi, di, scale)?;
+            return Ok(CudaTensor::f32(&[q.shape[0], k.shape[0]], y));
+        }
+        let r = self.cpu.indexer_scores(
+            &self.host(q)?,
+            &self.host(k)?,
+            &self.host(w)?,
+            visible,
+            scale,
+        )?;
+        self.device(&r)
+    }
+
+    fn topk(&self, x: &CudaTensor, k: usize) -> Result<CudaTensor> {
+        if k > 0
+            && let (Some([xv]), Some(&t_len)) = (all_f32([x]), x.shape.last())
+        {
+            let y = CudaBackend::topk(self, xv, t_len, k)?;
+            let mut shape = x.shape.clone();
+            if let Some(l) = shape.last_mut() {
+                *l = k;
+            }
+            return Ok(CudaTensor::i32(&shape, y));
+        }
+        self.device(&self.cpu.topk(&self.host(x)?, k)?)
+    }
+
+    fn block_max(&self, x: &CudaTensor, block: usize) -> Result<CudaTensor> {
+        self.device(&self.cpu.block_max(&self.host(x)?, block)?)
+    }
+
+    fn mask_neg_inf(&self, x: &CudaTensor, keep: &CudaTensor) -> Result<CudaTensor> {
+        self.device(&self.cpu.mask_neg_inf(&self.host(x)?, &self.host(keep)?)?)
+    }
+
+    // ---- hyper-connections ---------------------------------------------------------------
+
+    fn hc_mixes(
+        &self,
+        mix: &CudaTensor,
+        scale: &CudaTensor,
+        base: &CudaTensor,
+        n: usize,
+        eps: f32,
+        sinkhorn_iters: usize,
+    ) -> Result<HcMixes<CudaTensor>> {
+        let m = self.cpu.hc_mixes(
+            &self.host(mix)?,
+            &self.host(scale)?,
+            &self.host(base)?,
+            n,
+            eps,
+            sinkhorn_iters,
+        )?;
+        Ok(HcMixes {
+            pre: self.device(&m.pre)?,
+            post: self.device(&m.post)?,
+            comb: self.device(&m.comb)?,
+        })
+    }
+
+    fn hc_pre_only(
+        &self,
+        mix: &CudaTensor,
+        scale: &CudaTensor,
+        base: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        let r =
+            self.cpu
+                .hc_pre_only(&self.host(mix)?, &self.host(scale)?, &self.host(base)?, eps)?;
+        self.device(&r)
+    }
+
+    fn hc_collapse(&self, x: &CudaTensor, pre: &CudaTensor) -> Result<CudaTensor> {
+        self.device(&self.cpu.hc_collapse(&self.host(x)?, &self.host(pre)?)?)
+    }
+
+    fn hc_expand(
+        &self,
+        x: &CudaTensor,
+        out: &CudaTensor,
+        post: &CudaTensor,
+        comb: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        let r = self.cpu.hc_expand(
+            &self.host(x)?,
+            &self.host(out)?,
+            &self.host(post)?,
+            &self.host(comb)?,
+        )?;
+        self.device(&r)
+    }
+
+    // ---- MoE -----------------------------------------------------------------------------
+
+    fn moe_route(
+        &self,
+        logits: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        p: RouteParams,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        let e = logits.shape.last().copied().unwrap_or(0);
+        let bias_ok = match bias {
+            None => Some(None),
+            Some(b) if b.shape == [e] => all_f32([b]).map(|[bv]| Some(bv)),
+            Some(_) => None,
+        };
+        if logits.shape.len() == 2
+            && (1..=32.min(e)).contains(&p.top_k)
+            && let (Some([lv]), Some(bv)) = (all_f32([logits]), bias_ok)
+        {
+            let s = logits.shape[0];
+            let (i, w) = CudaBackend::moe_route(self, lv, bv, e, p)?;
+            return Ok((
+                CudaTensor::i32(&[s, p.top_k], i),
+                CudaTensor::f32(&[s, p.top_k], w),
+            ));
+        }
+        let bh = bias.map(|b| self.host(b)).transpose()?;
+        let (i, w) = self.cpu.moe_route(&self.host(logits)?, bh.as_ref(), p)?;
+        Ok((self.device(&i)?, self.device(&w)?))
+    }
+
+    fn moe_route_hash(
+        &self,
+        logits: &CudaTensor,
+        table: &CudaTensor,
+        ids: &CudaTensor,
+        p: RouteParams,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        let (i, w) = self.cpu.moe_route_hash(
+            &self.host(logits)?,
+            &self.host(table)?,
+            &self.host(ids)?,
+            p,
+        )?;
+        Ok((self.device(&i)?, self.device(&w)?))
+    }
+
+    fn moe_experts(
+        &self,
+        x: &CudaTensor,
+        indices: &CudaTensor,
+        weights: &CudaTensor,
+        experts: &[ExpertWeights<'_, CudaTensor>],
+        limit: f32,
+    ) -> Result<CudaTensor> {
+        let ih = self.host(indices)?;
+        // Download only the experts the indices name; the others get an empty placeholder
+        // the CPU kernel never reads (it checks only the experts it serves).
+        let used = self.cpu.download_i64(&ih).unwrap_or_default();
+        let empty = self.cpu.zeros(&[0, 0], DType::F32)?;
+        let mut host: Vec<[CpuTensor; 3]> = Vec::with_capacity(experts.len());
+        for (e, ew) in experts.iter().enumerate() {
+            if used.contains(&(e as i64)) {
+                host.push([self.host(ew.gate)?, self.host(ew.up)?, self.host(ew.down)?]);
+            } else {
+                host.push([empty.clone(), empty.clone(), empty.clone()]);
+            }
+        }
+        let views: Vec<ExpertWeights<'_, CpuTensor>> = host
+            .iter()
+            .map(|[g, u, d]| ExpertWeights {
+                gate: g,
+                up: u,
+                down: d,
+            })
+            .collect();
+        let r = self
+            .cpu
+            .moe_experts(&self.host(x)?, &ih, &self.host(weights)?, &views, limit)?;
+        self.device(&r)
+    }
+
+    // ---- quantisation --------------------------------------------------------------------
+
+    fn fake_quant(&self, x: &CudaTensor, f: FakeQuant) -> Result<CudaTensor> {
+        self.device(&self.cpu.fake_quant(&self.host(x)?, f)?)
+    }
+
+    // ---- sampling --------------------------------------------------------------------------
+
+    fn sample(&self, logits: &CudaTensor, rows: &[SampleRow]) -> Result<CudaTensor> {
+        if logits.shape.len() == 2
+            && logits.shape[0] == rows.len()
+            && let Some([lv]) = all_f32([logits])
+        {
+            let ids = CudaBackend::sample(self, lv, logits.shape[1], rows)?;
+            return self.upload_i32(&ids, &[rows.len()]);
+        }
+        let r = self.cpu.sample(&self.host(logits)?, rows)?;
+        self.device(&r)
+    }
+}
