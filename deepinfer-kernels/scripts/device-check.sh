@@ -19,14 +19,20 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 bin_dir=$root/deepinfer-kernels/.device-check
 bin=$bin_dir/cuda_device
 
+# cuda_backend_trait: the same model-like step through the `Backend` trait on CUDA and CPU.
+trait_bin=$bin_dir/cuda_backend_trait
+
 if [[ ${1:-} == --build ]]; then
   cd "$root"
-  json=$(cargo test -p deepinfer-kernels --release --test cuda_device --no-run --message-format=json)
-  exe=$(printf '%s\n' "$json" | grep '"executable":"' | grep cuda_device | tail -1 |
-        sed 's/.*"executable":"\([^"]*\)".*/\1/')
   mkdir -p "$bin_dir"
-  cp "$exe" "$bin"
-  echo "built $bin ($(du -h "$bin" | cut -f1)); carry deepinfer-kernels/.device-check to the GPU machine"
+  for t in cuda_device cuda_backend_trait; do
+    json=$(cargo test -p deepinfer-kernels --release --test $t --no-run --message-format=json)
+    exe=$(printf '%s\n' "$json" | grep '"executable":"' | grep "$t" | tail -1 |
+          sed 's/.*"executable":"\([^"]*\)".*/\1/')
+    cp "$exe" "$bin_dir/$t"
+    echo "built $bin_dir/$t ($(du -h "$bin_dir/$t" | cut -f1))"
+  done
+  echo "carry deepinfer-kernels/.device-check to the GPU machine"
   exit 0
 fi
 
@@ -60,5 +66,18 @@ fi
 set +e
 timeout "${DEVICE_CHECK_TIMEOUT:-420}" "${run[@]}" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
+if [[ -x $trait_bin ]]; then
+  trait=("$trait_bin" --nocapture --test-threads=1)
+elif command -v cargo >/dev/null; then
+  trait=(cargo test -p deepinfer-kernels --release --test cuda_backend_trait -- --nocapture --test-threads=1)
+else
+  trait=()
+fi
+if [[ ${#trait[@]} -gt 0 ]]; then
+  echo "== Backend trait step, CUDA vs CPU" | tee -a "$log"
+  timeout 120 "${trait[@]}" 2>&1 | tee -a "$log"
+  trc=${PIPESTATUS[0]}
+  [[ $rc -eq 0 ]] && rc=$trc
+fi
 echo "== exit $rc" | tee -a "$log"
 exit "$rc"

@@ -64,7 +64,10 @@ fn step<B: Backend>(b: &B) -> Result<Vec<(&'static str, Vec<f32>)>> {
     out.push(("add/unary/affine", b.download_f32(&a)?));
     let p = b.softmax(&a)?;
     out.push(("softmax", b.download_f32(&p)?));
-    let top = b.topk(&a, 5)?;
+    // Discrete ops (top-k, routing, sampling, rounding) read uploaded values, not computed
+    // ones, so that last-ulp differences between the backends cannot flip a pick.
+    let r = b.upload_f32(&vals(s * n, 8), &[s, n])?;
+    let top = b.topk(&r, 5)?;
     out.push((
         "topk",
         b.download_i32(&top)?.iter().map(|&v| v as f32).collect(),
@@ -91,6 +94,14 @@ fn step<B: Backend>(b: &B) -> Result<Vec<(&'static str, Vec<f32>)>> {
     let exp = b.hc_expand(&streams, &col, &pre, &comb)?;
     out.push(("hc", b.download_f32(&exp)?));
     out.push(("mean_axis1", b.download_f32(&b.mean_axis1(&streams)?)?));
+    let width = (2 + hc) * hc;
+    let mix = b.upload_f32(&vals(s * width, 9), &[s, width])?;
+    let hs = b.upload_f32(&[0.5, 0.7, 0.9], &[3])?;
+    let hb = b.upload_f32(&vals(width, 11), &[width])?;
+    let m = b.hc_mixes(&mix, &hs, &hb, hc, 1e-6, 20)?;
+    out.push(("hc_mixes pre", b.download_f32(&m.pre)?));
+    out.push(("hc_mixes post", b.download_f32(&m.post)?));
+    out.push(("hc_mixes comb", b.download_f32(&m.comb)?));
 
     // MoE: device routing, host-path experts.
     let p = RouteParams {
@@ -99,7 +110,7 @@ fn step<B: Backend>(b: &B) -> Result<Vec<(&'static str, Vec<f32>)>> {
         renormalize: true,
         scale: 1.5,
     };
-    let logits = b.narrow(&g, 1, 0, 4)?;
+    let logits = b.narrow(&r, 1, 0, 4)?;
     let (ei, ew) = b.moe_route(&logits, None, p)?;
     out.push((
         "moe_route idx",
@@ -141,7 +152,7 @@ fn step<B: Backend>(b: &B) -> Result<Vec<(&'static str, Vec<f32>)>> {
     out.push(("compress_pool", b.download_f32(&pooled)?));
 
     // Quantisation and sampling.
-    let fq = b.fake_quant(&a, FakeQuant::Fp8 { block: 32 })?;
+    let fq = b.fake_quant(&r, FakeQuant::Fp8 { block: 32 })?;
     out.push(("fake_quant", b.download_f32(&fq)?));
     let rows: Vec<SampleRow> = (0..s as u64)
         .map(|i| SampleRow {
@@ -150,12 +161,12 @@ fn step<B: Backend>(b: &B) -> Result<Vec<(&'static str, Vec<f32>)>> {
             temperature: if i == 0 { 0.0 } else { 0.8 },
         })
         .collect();
-    let t = b.sample(&a, &rows)?;
+    let t = b.sample(&r, &rows)?;
     out.push((
         "sample",
         b.download_i32(&t)?.iter().map(|&v| v as f32).collect(),
     ));
-    let bf = b.cast(&a, DType::BF16)?;
+    let bf = b.cast(&r, DType::BF16)?;
     out.push(("cast bf16", b.download_f32(&bf)?));
     Ok(out)
 }

@@ -16,14 +16,14 @@
 //! to device copies), `gather_rows` (f32 / bf16 tables), `add` / `mul` (suffix broadcast),
 //! `affine`, `unary`, `swiglu`, `softmax`, `rms_norm`, `matmul` (f32, bf16 and FP8 / FP4
 //! weights), `rope`, `sparse_attention` (i32 indices, up to ~12k keys per row),
-//! `compress_pool`, `indexer_scores`, `topk`, `moe_route` (top-k ≤ 32), `sample`.
+//! `compress_pool`, `indexer_scores`, `topk`, `moe_route` (top-k ≤ 32), `hc_mixes` (up to 8
+//! streams), `hc_collapse`, `hc_expand`, `sample`.
 //!
 //! Round-trip through the host (no kernel yet): `narrow` along an inner axis, `concat` along
 //! an inner axis, `transpose`, `mean_axis1`, `sum_last` (trait default), `argmax`,
-//! `block_max`, `mask_neg_inf`, `bmm`, `grouped_matmul`, `hc_mixes`, `hc_pre_only`,
-//! `hc_collapse`, `hc_expand`, `moe_route_hash`, `moe_experts` (grouped expert GEMM: only the
-//! experts the indices name are downloaded), `fake_quant`, `cast` to or from f16, and
-//! f16 weights in `matmul`.
+//! `block_max`, `mask_neg_inf`, `bmm`, `grouped_matmul`, `hc_pre_only`, `moe_route_hash`,
+//! `moe_experts` (grouped expert GEMM: only the experts the indices name are downloaded),
+//! `fake_quant`, `cast` to or from f16, and f16 weights in `matmul`.
 //!
 //! Index checks: `gather_rows` and `sparse_attention` download their (small) index tensors to
 //! check the range on the host first, since an index outside the buffer would fault the
@@ -364,6 +364,40 @@ impl CudaBackend {
             Buf::I32(s) => Some(self.get(s, n)?.into_iter().map(i64::from).collect()),
             _ => None,
         })
+    }
+
+    /// `hc.cu`'s `hc_mixes` for `mix[s_len, (2+n)n]` (`n <= 8`, the kernel's limit).
+    #[allow(clippy::too_many_arguments)]
+    fn hc_mixes_dev(
+        &self,
+        mix: &CudaSlice<f32>,
+        scale: &CudaSlice<f32>,
+        base: &CudaSlice<f32>,
+        s_len: usize,
+        n: usize,
+        eps: f32,
+        iters: usize,
+    ) -> Result<[CudaSlice<f32>; 3]> {
+        let f = self.function("hc", "hc_mixes")?;
+        let z = |len| self.stream.alloc_zeros::<f32>(len).map_err(dev("alloc"));
+        let (mut pre, mut post, mut comb) = (z(s_len * n)?, z(s_len * n)?, z(s_len * n * n)?);
+        let (si, ni, it) = (s_len as i32, n as i32, iters.min(i32::MAX as usize) as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(mix)
+            .arg(scale)
+            .arg(base)
+            .arg(&mut pre)
+            .arg(&mut post)
+            .arg(&mut comb)
+            .arg(&si)
+            .arg(&ni)
+            .arg(&eps)
+            .arg(&it);
+        // SAFETY: (mix, scale, base, pre, post, comb, s_len, n, eps, iters) matches `hc_mixes`;
+        // the caller checked mix = s_len*(2+n)*n, scale >= 3, base = (2+n)*n floats and
+        // n <= 8; one thread per row.
+        unsafe { b.launch(grid1(s_len)) }.map_err(dev("launch hc_mixes"))?;
+        Ok([pre, post, comb])
     }
 
     fn matmul_dev(&self, x: &CudaTensor, w: &CudaTensor) -> Result<Option<CudaTensor>> {
@@ -968,6 +1002,22 @@ impl Backend for CudaBackend {
         eps: f32,
         sinkhorn_iters: usize,
     ) -> Result<HcMixes<CudaTensor>> {
+        let width = (2 + n) * n;
+        if (1..=8).contains(&n)
+            && mix.shape.len() == 2
+            && mix.shape[1] == width
+            && scale.numel() >= 3
+            && base.numel() == width
+            && let Some([mv, sv, bv]) = all_f32([mix, scale, base])
+        {
+            let s = mix.shape[0];
+            let [pre, post, comb] = self.hc_mixes_dev(mv, sv, bv, s, n, eps, sinkhorn_iters)?;
+            return Ok(HcMixes {
+                pre: CudaTensor::f32(&[s, n], pre),
+                post: CudaTensor::f32(&[s, n], post),
+                comb: CudaTensor::f32(&[s, n, n], comb),
+            });
+        }
         let m = self.cpu.hc_mixes(
             &self.host(mix)?,
             &self.host(scale)?,
@@ -997,6 +1047,24 @@ impl Backend for CudaBackend {
     }
 
     fn hc_collapse(&self, x: &CudaTensor, pre: &CudaTensor) -> Result<CudaTensor> {
+        if x.shape.len() == 3
+            && pre.shape == x.shape[..2]
+            && let Some([xv, pv]) = all_f32([x, pre])
+        {
+            let (s, n, d) = (x.shape[0], x.shape[1], x.shape[2]);
+            let (si, ni, di) = (s as i32, n as i32, d as i32);
+            let f = self.function("hc", "hc_collapse")?;
+            let mut y = self
+                .stream
+                .alloc_zeros::<f32>(s * d)
+                .map_err(dev("alloc"))?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(xv).arg(pv).arg(&mut y).arg(&si).arg(&ni).arg(&di);
+            // SAFETY: (x, pre, y, s_len, n, d) matches `hc_collapse`; x holds s*n*d floats,
+            // pre s*n, y s*d; one thread per output.
+            unsafe { b.launch(grid1(s * d)) }.map_err(dev("launch hc_collapse"))?;
+            return Ok(CudaTensor::f32(&[s, d], y));
+        }
         self.device(&self.cpu.hc_collapse(&self.host(x)?, &self.host(pre)?)?)
     }
 
@@ -1007,6 +1075,33 @@ impl Backend for CudaBackend {
         post: &CudaTensor,
         comb: &CudaTensor,
     ) -> Result<CudaTensor> {
+        if x.shape.len() == 3
+            && out.shape == [x.shape[0], x.shape[2]]
+            && post.shape == x.shape[..2]
+            && comb.shape == [x.shape[0], x.shape[1], x.shape[1]]
+            && let Some([xv, ov, pv, cv]) = all_f32([x, out, post, comb])
+        {
+            let (s, n, d) = (x.shape[0], x.shape[1], x.shape[2]);
+            let (si, ni, di) = (s as i32, n as i32, d as i32);
+            let f = self.function("hc", "hc_expand")?;
+            let mut y = self
+                .stream
+                .alloc_zeros::<f32>(s * n * d)
+                .map_err(dev("alloc"))?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(xv)
+                .arg(ov)
+                .arg(pv)
+                .arg(cv)
+                .arg(&mut y)
+                .arg(&si)
+                .arg(&ni)
+                .arg(&di);
+            // SAFETY: (x, out, post, comb, y, s_len, n, d) matches `hc_expand`; shapes checked
+            // above, y holds s*n*d floats; one thread per output.
+            unsafe { b.launch(grid1(s * n * d)) }.map_err(dev("launch hc_expand"))?;
+            return Ok(CudaTensor::f32(&x.shape, y));
+        }
         let r = self.cpu.hc_expand(
             &self.host(x)?,
             &self.host(out)?,
