@@ -119,7 +119,17 @@ fn step<B: Backend>(b: &B) -> Result<Vec<(&'static str, Vec<f32>)>> {
     out.push(("moe_route w", b.download_f32(&ew)?));
     let ex: Vec<_> = (0..4)
         .map(|e| {
-            let gw = b.upload_f32(&vals(8 * d, 10 + e), &[8, d])?;
+            // Expert 1's gate is MXFP4: experts of mixed weight formats in one call.
+            let gw = if e == 1 {
+                b.upload_quant(&QuantMatrix::quantize(
+                    &vals(8 * d, 10 + e),
+                    8,
+                    d,
+                    QuantFormat::Mxfp4,
+                )?)?
+            } else {
+                b.upload_f32(&vals(8 * d, 10 + e), &[8, d])?
+            };
             let uw = b.upload_f32(&vals(8 * d, 20 + e), &[8, d])?;
             let dw = b.upload_f32(&vals(d * 8, 30 + e), &[d, 8])?;
             Ok((gw, uw, dw))

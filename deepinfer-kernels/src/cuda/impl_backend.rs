@@ -17,13 +17,16 @@
 //! `affine`, `unary`, `swiglu`, `softmax`, `rms_norm`, `matmul` (f32, bf16 and FP8 / FP4
 //! weights), `rope`, `sparse_attention` (i32 indices, up to ~12k keys per row),
 //! `compress_pool`, `indexer_scores`, `topk`, `moe_route` (top-k ≤ 32), `hc_mixes` (up to 8
-//! streams), `hc_collapse`, `hc_expand`, `sample`.
+//! streams), `hc_collapse`, `hc_expand`, `moe_experts` (grouped expert GEMM composed per used
+//! expert: a row gather, the device `matmul` for gate / up / down, SwiGLU, a copy of each
+//! result row to its slot, then `moe_combine`; the indices are read on the host to group
+//! the rows), `sample`.
 //!
 //! Round-trip through the host (no kernel yet): `narrow` along an inner axis, `concat` along
 //! an inner axis, `transpose`, `mean_axis1`, `sum_last` (trait default), `argmax`,
 //! `block_max`, `mask_neg_inf`, `bmm`, `grouped_matmul`, `hc_pre_only`, `moe_route_hash`,
-//! `moe_experts` (grouped expert GEMM: only the experts the indices name are downloaded),
-//! `fake_quant`, `cast` to or from f16, and f16 weights in `matmul`.
+//! `fake_quant`, `cast` to or from f16, and f16 weights in `matmul` (and so in
+//! `moe_experts`, whose host path downloads only the experts the indices name).
 //!
 //! Index checks: `gather_rows` and `sparse_attention` download their (small) index tensors to
 //! check the range on the host first, since an index outside the buffer would fault the
@@ -398,6 +401,96 @@ impl CudaBackend {
         // n <= 8; one thread per row.
         unsafe { b.launch(grid1(s_len)) }.map_err(dev("launch hc_mixes"))?;
         Ok([pre, post, comb])
+    }
+
+    /// Routed experts on the device: per used expert, gather its rows, run gate / up / SwiGLU /
+    /// down with the device `matmul`, copy each result row into its `(row, slot)` place, then
+    /// `moe.cu`'s `moe_combine` sums the slots in order. `None`: something needs the host path.
+    fn moe_experts_dev(
+        &self,
+        x: &CudaTensor,
+        indices: &CudaTensor,
+        weights: &CudaTensor,
+        experts: &[ExpertWeights<'_, CudaTensor>],
+        limit: f32,
+    ) -> Result<Option<CudaTensor>> {
+        if x.shape.len() != 2 || indices.shape.len() != 2 || weights.shape != indices.shape {
+            return Ok(None);
+        }
+        let (s, d, k) = (x.shape[0], x.shape[1], indices.shape[1]);
+        let (Some([xv, wv]), Some(ids)) = (all_f32([x, weights]), self.host_ids(indices)?) else {
+            return Ok(None);
+        };
+        if indices.shape[0] != s || ids.iter().any(|&e| e < -1 || e >= experts.len() as i64) {
+            return Ok(None);
+        }
+        let mut per_expert: Vec<Vec<usize>> = vec![Vec::new(); experts.len()];
+        for (p, &e) in ids.iter().enumerate() {
+            if e >= 0 {
+                per_expert[e as usize].push(p);
+            }
+        }
+        // One row per (row, slot); slots with no expert stay zero (and are skipped anyway).
+        let mut y = self
+            .stream
+            .alloc_zeros::<f32>(s * k * d)
+            .map_err(dev("alloc"))?;
+        for (e, pairs) in per_expert.iter().enumerate() {
+            if pairs.is_empty() {
+                continue;
+            }
+            let ew = experts[e];
+            if ew.gate.shape != ew.up.shape || ew.down.shape.first() != Some(&d) {
+                return Ok(None);
+            }
+            let rows: Vec<i64> = pairs.iter().map(|&p| (p / k) as i64).collect();
+            let xe = self.gather_rows_f32(xv, d, &self.upload(&rows)?)?;
+            let xe = CudaTensor::f32(&[pairs.len(), d], xe);
+            let Some(g) = self.matmul_dev(&xe, ew.gate)? else {
+                return Ok(None);
+            };
+            let Some(u) = self.matmul_dev(&xe, ew.up)? else {
+                return Ok(None);
+            };
+            let (Some(gv), Some(uv)) = (g.as_f32(), u.as_f32()) else {
+                return Ok(None);
+            };
+            let a = CudaTensor::f32(&g.shape, CudaBackend::swiglu(self, gv, uv, limit)?);
+            let Some(o) = self.matmul_dev(&a, ew.down)? else {
+                return Ok(None);
+            };
+            let Some(ov) = o.as_f32() else {
+                return Ok(None);
+            };
+            for (i, &p) in pairs.iter().enumerate() {
+                self.stream
+                    .memcpy_dtod(
+                        &ov.slice(i * d..(i + 1) * d),
+                        &mut y.slice_mut(p * d..(p + 1) * d),
+                    )
+                    .map_err(dev("moe_experts scatter"))?;
+            }
+        }
+        let idx: Vec<i32> = ids.iter().map(|&e| e as i32).collect();
+        let idx = self.upload(&idx)?;
+        let f = self.function("moe", "moe_combine")?;
+        let mut out = self
+            .stream
+            .alloc_zeros::<f32>(s * d)
+            .map_err(dev("alloc"))?;
+        let (si, ki, di) = (s as i32, k as i32, d as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&y)
+            .arg(&idx)
+            .arg(wv)
+            .arg(&mut out)
+            .arg(&si)
+            .arg(&ki)
+            .arg(&di);
+        // SAFETY: (y, idx, wts, out, s_len, k, d) matches `moe_combine`; y holds s*k*d floats,
+        // idx and wts s*k, out s*d; one thread per output.
+        unsafe { b.launch(grid1(s * d)) }.map_err(dev("launch moe_combine"))?;
+        Ok(Some(CudaTensor::f32(&[s, d], out)))
     }
 
     fn matmul_dev(&self, x: &CudaTensor, w: &CudaTensor) -> Result<Option<CudaTensor>> {
@@ -1165,6 +1258,12 @@ impl Backend for CudaBackend {
         experts: &[ExpertWeights<'_, CudaTensor>],
         limit: f32,
     ) -> Result<CudaTensor> {
+        if x.numel() > 0
+            && indices.numel() > 0
+            && let Some(y) = self.moe_experts_dev(x, indices, weights, experts, limit)?
+        {
+            return Ok(y);
+        }
         let ih = self.host(indices)?;
         // Download only the experts the indices name; the others get an empty placeholder
         // the CPU kernel never reads (it checks only the experts it serves).
