@@ -156,6 +156,14 @@ impl Checkpoint {
         Ok(Checkpoint { files, tensors })
     }
 
+    /// A checkpoint with no tensors (loading from it lists every tensor a config needs).
+    pub fn empty() -> Self {
+        Checkpoint {
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+        }
+    }
+
     /// Canonical names of every stored tensor, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)

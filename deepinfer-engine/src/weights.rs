@@ -170,6 +170,22 @@ impl<'a> WeightLoader<'a> {
         }
     }
 
+    /// The stored dtype of `name`, if the checkpoint holds it.
+    pub fn stored_dtype(&self, name: &str) -> Option<Dtype> {
+        self.ck.get(name).map(|r| r.dtype)
+    }
+
+    /// The stored dtype of routed expert matrix `which` of expert `e` (unfused or HF fused).
+    pub fn expert_stored_dtype(&self, prefix: &str, e: usize, which: &str) -> Option<Dtype> {
+        let layer = prefix.trim_end_matches(".ffn");
+        let fused = match which {
+            "w2" => format!("{layer}.{FUSED_DOWN}"),
+            _ => format!("{layer}.{FUSED_GATE_UP}"),
+        };
+        self.stored_dtype(&format!("{prefix}.experts.{e}.{which}.weight"))
+            .or_else(|| self.stored_dtype(&fused))
+    }
+
     /// Whether the checkpoint holds `name` (for optional tensors).
     pub fn has(&self, name: &str) -> bool {
         self.ck.get(name).is_some()

@@ -3,6 +3,7 @@
 
 #[cfg(feature = "runtime")]
 pub mod bench;
+pub mod forward_bench;
 #[cfg(feature = "runtime")]
 pub mod generate;
 pub mod score;
@@ -23,6 +24,10 @@ pub struct Cli {
 pub enum Command {
     /// Teacher-forced scoring: logits (or log-probabilities) at every position.
     Score(score::ScoreArgs),
+    /// Prefill and batch-1 decode tokens/s of one model (for side-by-side peer figures).
+    ForwardBench(forward_bench::ForwardBenchArgs),
+    /// Write a random-weight checkpoint for a config (benchmarks of any model size).
+    RandomCheckpoint(forward_bench::RandomCheckpointArgs),
     /// Generate completions (OpenAI Batch JSONL, a quick prompt, or the built-in sample batch).
     #[cfg(feature = "runtime")]
     Generate(generate::GenerateArgs),
@@ -38,6 +43,8 @@ pub type CliResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 pub fn run(cli: Cli) -> CliResult {
     match cli.command {
         Command::Score(a) => score::run(&a),
+        Command::ForwardBench(a) => forward_bench::run(&a),
+        Command::RandomCheckpoint(a) => forward_bench::run_random(&a),
         #[cfg(feature = "runtime")]
         Command::Generate(a) => generate::run(&a),
         #[cfg(feature = "runtime")]

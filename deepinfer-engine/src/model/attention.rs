@@ -34,6 +34,7 @@ impl<B: Backend> Model<B> {
         } else {
             &self.f_main
         };
+        let sp = super::prof::span("attn.qkv");
         let qr = be.rms_norm(&be.matmul(x, &aw.wq_a)?, Some(&aw.q_norm), eps)?;
         let mut q = be.reshape(&be.matmul(&qr, &aw.wq_b)?, &[s_total, h, d])?;
         if c.kind == ModelKind::V4 {
@@ -47,6 +48,8 @@ impl<B: Backend> Model<B> {
             false,
         )?;
         let kv = self.cache_quant(kv, FakeQuant::Fp8 { block: 32 })?;
+        drop(sp);
+        let sp = super::prof::span("attn.compress+index");
 
         // Compressed entries: which layer's entries, and which of them each row reads.
         let (entry_layer, selection): (Option<usize>, Option<Selection>) = match c.attn_kinds[l] {
@@ -104,6 +107,8 @@ impl<B: Backend> Model<B> {
             }
         };
 
+        drop(sp);
+        let sp = super::prof::span("attn.keys");
         // Key set: per segment [window rows | new rows | entries], all segments concatenated.
         let wn = c.sliding_window;
         let mut parts: Vec<B::Tensor> = Vec::new();
@@ -156,8 +161,12 @@ impl<B: Backend> Model<B> {
         let idx = be.upload_i64(&idx, &[s_total, kmax])?;
         let refs: Vec<&B::Tensor> = parts.iter().collect();
         let keys = be.concat(&refs, 0)?;
+        drop(sp);
+        let sp = super::prof::span("attn.core");
         let o = be.sparse_attention(&q, &keys, &idx, &aw.sink, 1.0 / (d as f32).sqrt())?;
         let o = be.rope(&o, &ctx.pos, f, true)?;
+        drop(sp);
+        let _sp = super::prof::span("attn.out");
         let g = c.o_groups;
         let z = be.grouped_matmul(&be.reshape(&o, &[s_total, g, h * d / g])?, &aw.wo_a)?;
         let out = be.matmul(&be.reshape(&z, &[s_total, g * c.o_lora_rank])?, &aw.wo_b)?;
@@ -263,6 +272,7 @@ impl<B: Backend> Model<B> {
         cw: &CompressorW<B::Tensor>,
         for_indexer: bool,
     ) -> R<()> {
+        let _sp = super::prof::span("attn.compress");
         let c = &self.cfg;
         let be = &self.be;
         let ratio = c.compress_ratios[l];
@@ -476,6 +486,7 @@ impl<B: Backend> Model<B> {
         qr: &B::Tensor,
         l: usize,
     ) -> R<Selection> {
+        let _sp = super::prof::span("attn.indexer");
         let c = &self.cfg;
         let be = &self.be;
         let iw = self.w.layers[l]

@@ -82,8 +82,12 @@ impl<B: Backend> Model<B> {
         which: Logits,
         trace: Option<&mut Trace>,
     ) -> R<Vec<Vec<f32>>> {
+        let sp = super::prof::span("forward");
         let (h, rows) = self.forward_hidden(items, trace)?;
-        self.head_logits(&h, rows, which)
+        let _head = super::prof::span("head");
+        let out = self.head_logits(&h, rows, which);
+        drop(sp);
+        out
     }
 
     /// Final-normed hidden rows `[S, D]` (and the DSpark context update done).
@@ -205,13 +209,17 @@ impl<B: Backend> Model<B> {
             if targets.contains(&l) && self.w.dspark.is_some() {
                 feats.push(be.mean_axis1(&x)?);
             }
+            let sp = super::prof::span("hc.mix");
             let ma = self.hc(&x, &lw.hc_attn)?;
+            drop(sp);
+            let sp = super::prof::span("hc.collapse+norm");
             let collapse_pre = match c.kind {
                 ModelKind::V41 => pre_mix.as_ref().unwrap_or(&ma.pre),
                 ModelKind::V4 => &ma.pre,
             };
             let mut collapsed = be.hc_collapse(&x, collapse_pre)?;
             let mut xin = be.rms_norm(&collapsed, Some(&lw.attn_norm), eps)?;
+            drop(sp);
             let mut ma = ma;
             let wn = c.sliding_window;
             if tail_from == Some(l) && ctx.segs.iter().any(|s| s.len > wn) {
@@ -266,17 +274,29 @@ impl<B: Backend> Model<B> {
                 ctx.pos = pos;
                 ctx.ids = ids;
             }
+            let sp = super::prof::span("attn");
             let a = self.attention(&mut ctx, &xin, l)?;
+            drop(sp);
+            let sp = super::prof::span("hc.expand");
             x = be.hc_expand(&x, &a, &ma.post, &ma.comb)?;
+            drop(sp);
+            let sp = super::prof::span("hc.mix");
             let mf = self.hc(&x, &lw.hc_ffn)?;
+            drop(sp);
             let fpre = match c.kind {
                 ModelKind::V41 => &ma.pre,
                 ModelKind::V4 => &mf.pre,
             };
+            let sp = super::prof::span("hc.collapse+norm");
             let fcol = be.hc_collapse(&x, fpre)?;
             let fin = be.rms_norm(&fcol, Some(&lw.ffn_norm), eps)?;
+            drop(sp);
+            let sp = super::prof::span("moe");
             let fo = self.moe(&mut ctx, &fin, &lw.ffn, c.num_experts_per_tok, Some(l))?;
+            drop(sp);
+            let sp = super::prof::span("hc.expand");
             x = be.hc_expand(&x, &fo, &mf.post, &mf.comb)?;
+            drop(sp);
             if ctx.trace.is_some() {
                 let p = format!("l{l}");
                 self.record(&mut ctx, &format!("{p}.attn_hc.collapsed"), &collapsed)?;
@@ -358,6 +378,9 @@ impl<B: Backend> Model<B> {
             }
         };
         let logits = be.download_f32(&be.matmul(&rows, &self.w.head)?)?;
+        if lens.len() == 1 {
+            return Ok(vec![logits]); // one item: its rows are the whole buffer
+        }
         let mut out = Vec::with_capacity(lens.len());
         let mut off = 0;
         for &n in &lens {
@@ -435,11 +458,16 @@ impl<B: Backend> Model<B> {
             },
             scale: c.routed_scaling_factor as f32,
         };
+        let sp = super::prof::span("moe.route");
         let (idx, wts) = match &fw.tid2eid {
             Some(table) => {
+                // Gather this batch's table rows first, so the routing op sees an [S, k]
+                // table instead of validating the whole [V, k] one on every call.
                 let ids: Vec<i64> = ctx.ids.iter().map(|&t| t as i64).collect();
-                let ids = be.upload_i64(&ids, &[ids.len()])?;
-                be.moe_route_hash(&logits, table, &ids, p)?
+                let rows = be.gather_rows(table, &be.upload_i64(&ids, &[ids.len()])?)?;
+                let local: Vec<i64> = (0..ids.len() as i64).collect();
+                let local = be.upload_i64(&local, &[ids.len()])?;
+                be.moe_route_hash(&logits, &rows, &local, p)?
             }
             None => be.moe_route(&logits, fw.bias.as_ref(), p)?,
         };
@@ -467,7 +495,11 @@ impl<B: Backend> Model<B> {
             })
             .collect();
         let lim = c.swiglu_limit as f32;
+        drop(sp);
+        let sp = super::prof::span("moe.experts");
         let routed = be.moe_experts(x, &idx, &wts, &experts, lim)?;
+        drop(sp);
+        let _sp = super::prof::span("moe.shared");
         let (w1, w3, w2) = &fw.shared;
         let shared = be.matmul(&be.swiglu(&be.matmul(x, w1)?, &be.matmul(x, w3)?, lim)?, w2)?;
         Ok(be.add(&routed, &shared)?)

@@ -3,14 +3,19 @@
 mod attention;
 mod dspark;
 mod forward;
+mod prof;
+mod random;
 mod state;
 mod weights;
 
 pub use dspark::Draft;
 pub use forward::{BatchItem, Logits, Trace};
+pub use prof::profile_report;
+pub use random::{RandomDtype, required_tensors, write_random_checkpoint};
 pub use state::{CompressorState, SeqState};
 pub use weights::{
-    AttnW, BlockW, CompressorW, DSparkW, EngramW, FfnW, HcW, IndexerW, LoadWeightsError, ModelW,
+    AttnW, BlockW, CompressorW, DSparkW, EngramW, FfnW, HcW, IndexerW, LoadOptions,
+    LoadWeightsError, MatmulWeights, ModelW,
 };
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
@@ -88,6 +93,14 @@ impl<B: Backend> Model<B> {
         Self::from_parts(cfg, &ck, token_map, be)
     }
 
+    /// [`Model::load`] with options (e.g. bf16 matmul weights).
+    pub fn load_with_options(dir: &Path, be: B, opts: LoadOptions) -> Result<Self, ModelError> {
+        let cfg = ModelConfig::from_file(&config_path(dir))?;
+        let ck = Checkpoint::open_dir(dir)?;
+        let token_map = load_token_map(dir, &cfg)?;
+        Self::from_parts_with(cfg, &ck, token_map, be, opts)
+    }
+
     /// Load with an explicit list of weight files (e.g. `model.upstream.safetensors`).
     pub fn load_with_files(dir: &Path, files: &[PathBuf], be: B) -> Result<Self, ModelError> {
         let cfg = ModelConfig::from_file(&config_path(dir))?;
@@ -103,6 +116,17 @@ impl<B: Backend> Model<B> {
         token_map: Option<Vec<i64>>,
         be: B,
     ) -> Result<Self, ModelError> {
+        Self::from_parts_with(cfg, ck, token_map, be, LoadOptions::default())
+    }
+
+    /// [`Model::from_parts`] with options.
+    pub fn from_parts_with(
+        cfg: ModelConfig,
+        ck: &Checkpoint,
+        token_map: Option<Vec<i64>>,
+        be: B,
+        opts: LoadOptions,
+    ) -> Result<Self, ModelError> {
         let hasher = match (&cfg.engram, token_map) {
             (Some(ec), Some(tm)) => Some(EngramHasher::new(ec, tm, cfg.vocab_size)?),
             (Some(_), None) => {
@@ -112,7 +136,7 @@ impl<B: Backend> Model<B> {
             }
             _ => None,
         };
-        let w = ModelW::load(&cfg, ck, &be)?;
+        let w = ModelW::load_with(&cfg, ck, &be, opts)?;
         let r = cfg.rope_dim;
         let f_main = RopeParams {
             theta: cfg.rope_theta,

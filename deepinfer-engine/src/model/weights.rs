@@ -161,9 +161,31 @@ pub struct ModelW<T> {
     pub dspark: Option<DSparkW<T>>,
 }
 
+/// How the matrices that only feed `matmul` (projections, experts, router, head) are held on
+/// the backend. Everything else (norms, biases, tables, hyper-connection scales) stays f32.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MatmulWeights {
+    /// Keep the stored precision: bf16 / f16 matrices stay 16-bit on the backend (the kernels
+    /// widen them exactly, so the logits are bit-identical to f32 copies of the same values,
+    /// at half the memory traffic); f32 stays f32; FP8 / FP4 are dequantised to f32.
+    #[default]
+    AsStored,
+    /// Round every matmul matrix to bf16 (an approximation for f32 checkpoints, as running
+    /// transformers in bf16 is; activations and accumulation stay f32).
+    Bf16,
+}
+
+/// Options of [`crate::Model::load_with_options`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Precision of the matmul matrices.
+    pub matmul_weights: MatmulWeights,
+}
+
 struct Up<'a, 'b, B: Backend> {
     ld: WeightLoader<'a>,
     be: &'b B,
+    opts: LoadOptions,
 }
 
 type KResult<T> = Result<T, KernelError>;
@@ -175,6 +197,32 @@ impl<B: Backend> Up<'_, '_, B> {
     fn w(&mut self, name: &str, shape: &[usize]) -> KResult<B::Tensor> {
         let t = self.ld.f32(name, shape);
         self.put(&t, shape)
+    }
+    /// A matrix used only as a `matmul` weight: 16-bit when stored so or when asked for.
+    fn m(&mut self, name: &str, shape: &[usize]) -> KResult<B::Tensor> {
+        let t = self.ld.f32(name, shape);
+        let stored = self.ld.stored_dtype(name);
+        self.put_m(&t, shape, stored)
+    }
+    fn put_m(
+        &mut self,
+        t: &Tensor,
+        shape: &[usize],
+        stored: Option<safetensors::Dtype>,
+    ) -> KResult<B::Tensor> {
+        use safetensors::Dtype;
+        match (self.opts.matmul_weights, stored) {
+            (MatmulWeights::Bf16, _) | (_, Some(Dtype::BF16)) => {
+                let v: Vec<half::bf16> =
+                    t.data().iter().map(|&x| half::bf16::from_f32(x)).collect();
+                self.be.upload_bf16(&v, shape)
+            }
+            (_, Some(Dtype::F16)) => {
+                let v: Vec<half::f16> = t.data().iter().map(|&x| half::f16::from_f32(x)).collect();
+                self.be.upload_f16(&v, shape)
+            }
+            _ => self.put(t, shape),
+        }
     }
     fn w_as(&mut self, name: &str, shape: &[usize], as_shape: &[usize]) -> KResult<B::Tensor> {
         let t = self.ld.f32(name, shape);
@@ -188,7 +236,8 @@ impl<B: Backend> Up<'_, '_, B> {
         shape: &[usize],
     ) -> KResult<B::Tensor> {
         let t = self.ld.expert(prefix, e, which, shape);
-        self.put(&t, shape)
+        let stored = self.ld.expert_stored_dtype(prefix, e, which);
+        self.put_m(&t, shape, stored)
     }
     fn ints(&mut self, name: &str, shape: &[usize]) -> KResult<B::Tensor> {
         let v = self.ld.ints(name, shape);
@@ -203,18 +252,29 @@ impl<T> ModelW<T> {
         ck: &Checkpoint,
         be: &B,
     ) -> Result<Self, LoadWeightsError> {
+        Self::load_with(cfg, ck, be, LoadOptions::default())
+    }
+
+    /// [`ModelW::load`] with explicit options.
+    pub fn load_with<B: Backend<Tensor = T>>(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        be: &B,
+        opts: LoadOptions,
+    ) -> Result<Self, LoadWeightsError> {
         let mut up = Up {
             ld: WeightLoader::new(ck),
             be,
+            opts,
         };
         let (v, d_model) = (cfg.vocab_size, cfg.hidden_size);
         let embed = up.w("embed.weight", &[v, d_model])?;
-        let head = up.w("head.weight", &[v, d_model])?;
+        let head = up.m("head.weight", &[v, d_model])?;
         let norm = up.w("norm.weight", &[d_model])?;
         let n = cfg.hc_mult;
         let hc_head = match cfg.kind {
             ModelKind::V4 => Some(HcW {
-                fn_: up.w("hc_head_fn", &[n, n * d_model])?,
+                fn_: up.m("hc_head_fn", &[n, n * d_model])?,
                 base: up.w("hc_head_base", &[n])?,
                 scale: up.w("hc_head_scale", &[1])?,
             }),
@@ -241,7 +301,7 @@ impl<T> ModelW<T> {
                     .collect::<KResult<Vec<_>>>()?;
                 let last = format!("mtp.{}", ds.stages - 1);
                 Some(DSparkW {
-                    main_proj: up.w(
+                    main_proj: up.m(
                         "mtp.0.main_proj.weight",
                         &[d_model, ds.target_layer_ids.len() * d_model],
                     )?,
@@ -283,7 +343,7 @@ fn load_hc<B: Backend>(
     let (n, d) = (cfg.hc_mult, cfg.hidden_size);
     let m = cfg.hc_mix_dim();
     Ok(HcW {
-        fn_: up.w(&format!("{p}_fn"), &[m, n * d])?,
+        fn_: up.m(&format!("{p}_fn"), &[m, n * d])?,
         base: up.w(&format!("{p}_base"), &[m])?,
         scale: up.w(&format!("{p}_scale"), &[3])?,
     })
@@ -311,9 +371,9 @@ fn load_block<B: Backend>(
             if cfg.kv_source_layers.contains(&layer.unwrap_or(usize::MAX)) =>
         {
             Some(CompressorW {
-                wkv: up.w(&format!("{a}.compressor.wkv.weight"), &[hd, dm])?,
+                wkv: up.m(&format!("{a}.compressor.wkv.weight"), &[hd, dm])?,
                 wgate: (ratio > 1)
-                    .then(|| up.w(&format!("{a}.compressor.wgate.weight"), &[hd, dm]))
+                    .then(|| up.m(&format!("{a}.compressor.wgate.weight"), &[hd, dm]))
                     .transpose()?,
                 ape: None,
                 norm: up.w(&format!("{a}.compressor.norm.weight"), &[hd])?,
@@ -322,8 +382,8 @@ fn load_block<B: Backend>(
         (ModelKind::V4, AttnKind::Csa | AttnKind::Hca) => {
             let w = if kind == AttnKind::Csa { 2 * hd } else { hd };
             Some(CompressorW {
-                wkv: up.w(&format!("{a}.compressor.wkv.weight"), &[w, dm])?,
-                wgate: Some(up.w(&format!("{a}.compressor.wgate.weight"), &[w, dm])?),
+                wkv: up.m(&format!("{a}.compressor.wkv.weight"), &[w, dm])?,
+                wgate: Some(up.m(&format!("{a}.compressor.wgate.weight"), &[w, dm])?),
                 ape: Some(up.w(&format!("{a}.compressor.ape"), &[ratio, w])?),
                 norm: up.w(&format!("{a}.compressor.norm.weight"), &[hd])?,
             })
@@ -338,11 +398,11 @@ fn load_block<B: Backend>(
         {
             let owns = cfg.kv_source_layers.contains(&layer.unwrap_or(usize::MAX));
             Some(IndexerW {
-                wq_b: up.w(&format!("{a}.indexer.wq_b.weight"), &[hi * di, rq])?,
-                weights_proj: up.w(&format!("{a}.indexer.weights_proj.weight"), &[hi, dm])?,
+                wq_b: up.m(&format!("{a}.indexer.wq_b.weight"), &[hi * di, rq])?,
+                weights_proj: up.m(&format!("{a}.indexer.weights_proj.weight"), &[hi, dm])?,
                 wk: if owns {
                     Some((
-                        up.w(&format!("{a}.indexer.wk.weight"), &[di, hd])?,
+                        up.m(&format!("{a}.indexer.wk.weight"), &[di, hd])?,
                         up.w(&format!("{a}.indexer.k_norm.weight"), &[di])?,
                     ))
                 } else {
@@ -352,12 +412,12 @@ fn load_block<B: Backend>(
             })
         }
         (ModelKind::V4, AttnKind::Csa) => Some(IndexerW {
-            wq_b: up.w(&format!("{a}.indexer.wq_b.weight"), &[hi * di, rq])?,
-            weights_proj: up.w(&format!("{a}.indexer.weights_proj.weight"), &[hi, dm])?,
+            wq_b: up.m(&format!("{a}.indexer.wq_b.weight"), &[hi * di, rq])?,
+            weights_proj: up.m(&format!("{a}.indexer.weights_proj.weight"), &[hi, dm])?,
             wk: None,
             compressor: Some(CompressorW {
-                wkv: up.w(&format!("{a}.indexer.compressor.wkv.weight"), &[2 * di, dm])?,
-                wgate: Some(up.w(
+                wkv: up.m(&format!("{a}.indexer.compressor.wkv.weight"), &[2 * di, dm])?,
+                wgate: Some(up.m(
                     &format!("{a}.indexer.compressor.wgate.weight"),
                     &[2 * di, dm],
                 )?),
@@ -368,17 +428,17 @@ fn load_block<B: Backend>(
         _ => None,
     };
     let attn = AttnW {
-        wq_a: up.w(&format!("{a}.wq_a.weight"), &[rq, dm])?,
+        wq_a: up.m(&format!("{a}.wq_a.weight"), &[rq, dm])?,
         q_norm: up.w(&format!("{a}.q_norm.weight"), &[rq])?,
-        wq_b: up.w(&format!("{a}.wq_b.weight"), &[h * hd, rq])?,
-        wkv: up.w(&format!("{a}.wkv.weight"), &[hd, dm])?,
+        wq_b: up.m(&format!("{a}.wq_b.weight"), &[h * hd, rq])?,
+        wkv: up.m(&format!("{a}.wkv.weight"), &[hd, dm])?,
         kv_norm: up.w(&format!("{a}.kv_norm.weight"), &[hd])?,
         wo_a: up.w_as(
             &format!("{a}.wo_a.weight"),
             &[g * ro, h * hd / g],
             &[g, ro, h * hd / g],
         )?,
-        wo_b: up.w(&format!("{a}.wo_b.weight"), &[dm, g * ro])?,
+        wo_b: up.m(&format!("{a}.wo_b.weight"), &[dm, g * ro])?,
         sink: up.w(&format!("{a}.attn_sink"), &[h])?,
         compressor,
         indexer,
@@ -387,7 +447,7 @@ fn load_block<B: Backend>(
     let inter = cfg.moe_intermediate_size;
     let hash = layer.map(|l| cfg.hash_moe[l]).unwrap_or(false);
     let ffn = FfnW {
-        gate: up.w(&format!("{f}.gate.weight"), &[n_experts, dm])?,
+        gate: up.m(&format!("{f}.gate.weight"), &[n_experts, dm])?,
         bias: (!hash)
             .then(|| up.w(&format!("{f}.gate.bias"), &[n_experts]))
             .transpose()?,
@@ -409,9 +469,9 @@ fn load_block<B: Backend>(
             })
             .collect::<KResult<Vec<_>>>()?,
         shared: (
-            up.w(&format!("{f}.shared_experts.w1.weight"), &[inter, dm])?,
-            up.w(&format!("{f}.shared_experts.w3.weight"), &[inter, dm])?,
-            up.w(&format!("{f}.shared_experts.w2.weight"), &[dm, inter])?,
+            up.m(&format!("{f}.shared_experts.w1.weight"), &[inter, dm])?,
+            up.m(&format!("{f}.shared_experts.w3.weight"), &[inter, dm])?,
+            up.m(&format!("{f}.shared_experts.w2.weight"), &[dm, inter])?,
         ),
     };
     let engram = match (&cfg.engram, layer) {
@@ -427,7 +487,7 @@ fn load_block<B: Backend>(
             let qk = Tensor::from_vec(vec![n, dm], qk);
             Some(EngramW {
                 embed: up.w(&format!("{e}.embed.weight"), &[rows, ec.head_dim])?,
-                wkv: up.w(
+                wkv: up.m(
                     &format!("{e}.wkv.weight"),
                     &[(n + 1) * dm, cols * ec.head_dim],
                 )?,
