@@ -94,6 +94,11 @@ fn step<B: Backend>(b: &B) -> Result<Vec<(&'static str, Vec<f32>)>> {
     let exp = b.hc_expand(&streams, &col, &pre, &comb)?;
     out.push(("hc", b.download_f32(&exp)?));
     out.push(("mean_axis1", b.download_f32(&b.mean_axis1(&streams)?)?));
+    let gw = b.upload_f32(&vals(hc * 8 * n, 12), &[hc, 8, n])?;
+    out.push((
+        "grouped_matmul",
+        b.download_f32(&b.grouped_matmul(&streams, &gw)?)?,
+    ));
     let width = (2 + hc) * hc;
     let mix = b.upload_f32(&vals(s * width, 9), &[s, width])?;
     let hs = b.upload_f32(&[0.5, 0.7, 0.9], &[3])?;

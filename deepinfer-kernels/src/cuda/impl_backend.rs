@@ -17,14 +17,15 @@
 //! `affine`, `unary`, `swiglu`, `softmax`, `rms_norm`, `matmul` (f32, bf16 and FP8 / FP4
 //! weights), `rope`, `sparse_attention` (i32 indices, up to ~12k keys per row),
 //! `compress_pool`, `indexer_scores`, `topk`, `moe_route` (top-k ≤ 32), `hc_mixes` (up to 8
-//! streams), `hc_collapse`, `hc_expand`, `moe_experts` (grouped expert GEMM composed per used
+//! streams), `hc_collapse`, `mean_axis1` (a collapse with weights `1/n`, as on the CPU),
+//! `hc_expand`, `grouped_matmul` (f32), `moe_experts` (grouped expert GEMM composed per used
 //! expert: a row gather, the device `matmul` for gate / up / down, SwiGLU, a copy of each
 //! result row to its slot, then `moe_combine`; the indices are read on the host to group
 //! the rows), `sample`.
 //!
 //! Round-trip through the host (no kernel yet): `narrow` along an inner axis, `concat` along
-//! an inner axis, `transpose`, `mean_axis1`, `sum_last` (trait default), `argmax`,
-//! `block_max`, `mask_neg_inf`, `bmm`, `grouped_matmul`, `hc_pre_only`, `moe_route_hash`,
+//! an inner axis, `transpose`, `sum_last` (trait default), `argmax`, `block_max`,
+//! `mask_neg_inf`, `bmm`, `hc_pre_only`, `moe_route_hash`,
 //! `fake_quant`, `cast` to or from f16, and f16 weights in `matmul` (and so in
 //! `moe_experts`, whose host path downloads only the experts the indices name).
 //!
@@ -493,6 +494,29 @@ impl CudaBackend {
         Ok(Some(CudaTensor::f32(&[s, d], out)))
     }
 
+    /// `hc.cu`'s `hc_collapse`: `y[s] = Σ_n pre[s, n] x[s, n]` → `[s, d]`.
+    fn collapse_dev(
+        &self,
+        xv: &CudaSlice<f32>,
+        pv: &CudaSlice<f32>,
+        s: usize,
+        n: usize,
+        d: usize,
+    ) -> Result<CudaTensor> {
+        let (si, ni, di) = (s as i32, n as i32, d as i32);
+        let f = self.function("hc", "hc_collapse")?;
+        let mut y = self
+            .stream
+            .alloc_zeros::<f32>(s * d)
+            .map_err(dev("alloc"))?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(xv).arg(pv).arg(&mut y).arg(&si).arg(&ni).arg(&di);
+        // SAFETY: (x, pre, y, s_len, n, d) matches `hc_collapse`; the callers checked that x
+        // holds s*n*d floats and pre s*n; y holds s*d; one thread per output.
+        unsafe { b.launch(grid1(s * d)) }.map_err(dev("launch hc_collapse"))?;
+        Ok(CudaTensor::f32(&[s, d], y))
+    }
+
     fn matmul_dev(&self, x: &CudaTensor, w: &CudaTensor) -> Result<Option<CudaTensor>> {
         if w.shape.len() != 2 || x.shape.last() != Some(&w.shape[1]) || w.numel() == 0 {
             return Ok(None);
@@ -903,6 +927,14 @@ impl Backend for CudaBackend {
     }
 
     fn mean_axis1(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        // The CPU's definition: a collapse with every weight 1/n (same order, same rounding).
+        if x.shape.len() == 3
+            && let Some([xv]) = all_f32([x])
+        {
+            let (s, n, d) = (x.shape[0], x.shape[1], x.shape[2]);
+            let pre = self.upload(&vec![1.0 / n as f32; s * n])?;
+            return self.collapse_dev(xv, &pre, s, n, d);
+        }
         self.device(&self.cpu.mean_axis1(&self.host(x)?)?)
     }
 
@@ -924,6 +956,32 @@ impl Backend for CudaBackend {
     }
 
     fn grouped_matmul(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        if x.shape.len() == 3
+            && w.shape.len() == 3
+            && w.shape[0] == x.shape[1]
+            && w.shape[2] == x.shape[2]
+            && let Some([xv, wv]) = all_f32([x, w])
+        {
+            let (s, g, i, r) = (x.shape[0], x.shape[1], x.shape[2], w.shape[1]);
+            let f = self.function("gemm", "grouped_matmul")?;
+            let mut y = self
+                .stream
+                .alloc_zeros::<f32>(s * g * r)
+                .map_err(dev("alloc"))?;
+            let (si, gi, ii, ri) = (s as i32, g as i32, i as i32, r as i32);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(xv)
+                .arg(wv)
+                .arg(&mut y)
+                .arg(&si)
+                .arg(&gi)
+                .arg(&ii)
+                .arg(&ri);
+            // SAFETY: (x, w, y, s_len, groups, inner, rank) matches `grouped_matmul`; x holds
+            // s*g*i floats, w g*r*i, y s*g*r; one warp (32 threads) per output.
+            unsafe { b.launch(grid1(s * g * r * 32)) }.map_err(dev("launch grouped_matmul"))?;
+            return Ok(CudaTensor::f32(&[s, g, r], y));
+        }
         let r = self.cpu.grouped_matmul(&self.host(x)?, &self.host(w)?)?;
         self.device(&r)
     }
@@ -1144,19 +1202,7 @@ impl Backend for CudaBackend {
             && pre.shape == x.shape[..2]
             && let Some([xv, pv]) = all_f32([x, pre])
         {
-            let (s, n, d) = (x.shape[0], x.shape[1], x.shape[2]);
-            let (si, ni, di) = (s as i32, n as i32, d as i32);
-            let f = self.function("hc", "hc_collapse")?;
-            let mut y = self
-                .stream
-                .alloc_zeros::<f32>(s * d)
-                .map_err(dev("alloc"))?;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(xv).arg(pv).arg(&mut y).arg(&si).arg(&ni).arg(&di);
-            // SAFETY: (x, pre, y, s_len, n, d) matches `hc_collapse`; x holds s*n*d floats,
-            // pre s*n, y s*d; one thread per output.
-            unsafe { b.launch(grid1(s * d)) }.map_err(dev("launch hc_collapse"))?;
-            return Ok(CudaTensor::f32(&[s, d], y));
+            return self.collapse_dev(xv, pv, x.shape[0], x.shape[1], x.shape[2]);
         }
         self.device(&self.cpu.hc_collapse(&self.host(x)?, &self.host(pre)?)?)
     }
