@@ -99,6 +99,10 @@ fn step<B: Backend>(b: &B) -> Result<Vec<(&'static str, Vec<f32>)>> {
         "grouped_matmul",
         b.download_f32(&b.grouped_matmul(&streams, &gw)?)?,
     ));
+    let one = b.reshape(&b.narrow(&streams, 0, 0, 1)?, &[hc, 1, n])?;
+    out.push(("bmm (one row)", b.download_f32(&b.bmm(&one, &gw)?)?));
+    let two = b.transpose(&b.narrow(&streams, 0, 0, 2)?, 0, 1)?;
+    out.push(("bmm (two rows)", b.download_f32(&b.bmm(&two, &gw)?)?));
     let width = (2 + hc) * hc;
     let mix = b.upload_f32(&vals(s * width, 9), &[s, width])?;
     let hs = b.upload_f32(&[0.5, 0.7, 0.9], &[3])?;

@@ -18,14 +18,15 @@
 //! weights), `rope`, `sparse_attention` (i32 indices, up to ~12k keys per row),
 //! `compress_pool`, `indexer_scores`, `topk`, `moe_route` (top-k ≤ 32), `hc_mixes` (up to 8
 //! streams), `hc_collapse`, `mean_axis1` (a collapse with weights `1/n`, as on the CPU),
-//! `hc_expand`, `grouped_matmul` (f32), `moe_experts` (grouped expert GEMM composed per used
+//! `hc_expand`, `grouped_matmul` (f32), `bmm` with one row per batch (through the grouped
+//! kernel), `moe_experts` (grouped expert GEMM composed per used
 //! expert: a row gather, the device `matmul` for gate / up / down, SwiGLU, a copy of each
 //! result row to its slot, then `moe_combine`; the indices are read on the host to group
 //! the rows), `sample`.
 //!
 //! Round-trip through the host (no kernel yet): `narrow` along an inner axis, `concat` along
 //! an inner axis, `transpose`, `sum_last` (trait default), `argmax`, `block_max`,
-//! `mask_neg_inf`, `bmm`, `hc_pre_only`, `moe_route_hash`,
+//! `mask_neg_inf`, `bmm` with more than one row per batch, `hc_pre_only`, `moe_route_hash`,
 //! `fake_quant`, `cast` to or from f16, and f16 weights in `matmul` (and so in
 //! `moe_experts`, whose host path downloads only the experts the indices name).
 //!
@@ -952,6 +953,24 @@ impl Backend for CudaBackend {
     }
 
     fn bmm(&self, a: &CudaTensor, c: &CudaTensor) -> Result<CudaTensor> {
+        // One row per batch (decode): `a[b, 1, k]` is `x[1, b, k]` of the grouped projection
+        // kernel with `w = c[b, n, k]`, and `[1, b, n]` is `[b, 1, n]` in memory.
+        if a.shape.len() == 3
+            && c.shape.len() == 3
+            && a.shape[1] == 1
+            && c.shape[0] == a.shape[0]
+            && c.shape[2] == a.shape[2]
+        {
+            let x = CudaTensor {
+                shape: vec![1, a.shape[0], a.shape[2]],
+                buf: a.buf.clone(),
+            };
+            let y = self.grouped_matmul(&x, c)?;
+            return Ok(CudaTensor {
+                shape: vec![a.shape[0], 1, c.shape[1]],
+                buf: y.buf,
+            });
+        }
         self.device(&self.cpu.bmm(&self.host(a)?, &self.host(c)?)?)
     }
 
