@@ -5,7 +5,7 @@
 
 use deepinfer_engine::Model;
 use deepinfer_engine::runtime::{
-    Engine, EngineConfig, FinishReason, GenParams, Output, Request, StreamEvent,
+    Engine, EngineConfig, FinishReason, GenParams, Output, Request, SpecBudget, StreamEvent,
 };
 use deepinfer_kernels::CpuBackend;
 use deepinfer_sample::SamplingParams;
@@ -295,5 +295,42 @@ fn sampled_speculation_is_order_independent_and_respects_limits() {
         assert_eq!(o.token_ids.len(), 15);
         assert_eq!(o.logprobs.as_ref().map(Vec::len), Some(15));
         assert_eq!(o.token_ids, by_id(&b, o.id).token_ids);
+    }
+}
+
+#[test]
+fn greedy_with_budgeted_drafts_equals_greedy_without() {
+    let reqs: Vec<Request> = (0..8u64)
+        .map(|i| {
+            Request::new(
+                i,
+                prompt(900 + i, 4 + 7 * i as usize),
+                GenParams::greedy(24),
+            )
+        })
+        .collect();
+    let plain = engine(EngineConfig::default())
+        .generate(reqs.clone())
+        .unwrap();
+    let mut e = engine(EngineConfig {
+        spec_drafts: 4,
+        spec_budget: SpecBudget::Budgeted,
+        ..EngineConfig::default()
+    });
+    let spec = e.generate(reqs.clone()).unwrap();
+    let m = e.metrics();
+    // The planner gave some rows drafts (fed by the drafter's confidences), at most 4 each.
+    assert!(m.spec_rows > 0, "{m:?}");
+    assert!(m.draft_tokens <= 4 * m.spec_rows, "{m:?}");
+    assert!(m.accepted_drafts <= m.draft_tokens);
+    for (a, b) in plain.iter().zip(&spec) {
+        assert_eq!(a.token_ids, b.token_ids, "request {}", a.id);
+    }
+    // Sampled requests complete with their token counts under the budget too.
+    let sampled_reqs: Vec<Request> = (0..4u64)
+        .map(|i| Request::new(i, prompt(950 + i, 9), sampled(i, 10)))
+        .collect();
+    for o in e.generate(sampled_reqs).unwrap() {
+        assert_eq!(o.token_ids.len(), 10);
     }
 }

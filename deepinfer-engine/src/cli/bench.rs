@@ -2,6 +2,7 @@
 //! prints a table and writes JSON and an SVG chart.
 
 use super::CliResult;
+use super::generate::SpecBudgetArg;
 use crate::model::Model;
 use crate::runtime::bench::{bench_json, bench_svg, bench_table, run_bench};
 use crate::runtime::{DEFAULT_SEED, Engine, EngineConfig, default_model_dir, materialize_default};
@@ -24,9 +25,13 @@ pub struct BenchArgs {
     /// New tokens per request.
     #[arg(long, default_value_t = 32)]
     pub new_tokens: usize,
-    /// DSpark drafts per decode step (0 = off).
+    /// DSpark drafts per decode step (0 = off; with `--spec-budget budgeted` the most per row).
     #[arg(long, default_value_t = 0)]
     pub spec_drafts: usize,
+    /// `fixed`: every decode row verifies `--spec-drafts`; `budgeted`: the draft planner
+    /// splits each step's rows from the drafter's confidences and measured step times.
+    #[arg(long, value_enum, default_value_t = SpecBudgetArg::Fixed)]
+    pub spec_budget: SpecBudgetArg,
     /// Batch-invariant kernels.
     #[arg(long)]
     pub deterministic: bool,
@@ -61,6 +66,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
         max_model_len: a.prompt_len + a.new_tokens + 16,
         prefix_caching: false,
         spec_drafts: a.spec_drafts,
+        spec_budget: a.spec_budget.into(),
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(model, cfg)?;
@@ -83,7 +89,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
     print!("{}", bench_table(&points));
     let setup = serde_json::json!({
         "model": label, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
-        "spec_drafts": a.spec_drafts, "deterministic": a.deterministic, "threads": a.threads,
+        "spec_drafts": a.spec_drafts, "spec_budget": format!("{:?}", a.spec_budget).to_lowercase(), "deterministic": a.deterministic, "threads": a.threads,
         "backend": "cpu",
     });
     let json_path = a.output.with_extension("json");

@@ -60,12 +60,35 @@ pub struct GenerateArgs {
     /// needs the drafter, as the embedded default has).
     #[arg(long, default_value_t = 0)]
     pub spec_drafts: usize,
+    /// `fixed`: every decode row verifies `--spec-drafts` (deterministic); `budgeted`: the
+    /// draft planner splits each step's rows from the drafter's confidences and the measured
+    /// step times (at most `--spec-drafts` per row).
+    #[arg(long, value_enum, default_value_t = SpecBudgetArg::Fixed)]
+    pub spec_budget: SpecBudgetArg,
     /// Disable prefix caching.
     #[arg(long)]
     pub no_prefix_cache: bool,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+}
+
+/// `--spec-budget` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpecBudgetArg {
+    /// Fixed drafts per decode row.
+    Fixed,
+    /// Draft rows planned per step.
+    Budgeted,
+}
+
+impl From<SpecBudgetArg> for crate::runtime::SpecBudget {
+    fn from(a: SpecBudgetArg) -> Self {
+        match a {
+            SpecBudgetArg::Fixed => Self::Fixed,
+            SpecBudgetArg::Budgeted => Self::Budgeted,
+        }
+    }
 }
 
 /// The tokenizer for a model directory: its `tokenizer.json`, else the vendored DeepSeek V4 one.
@@ -123,6 +146,7 @@ pub fn run(a: &GenerateArgs) -> CliResult {
         max_num_batched_tokens: a.max_num_batched_tokens,
         prefix_caching: !a.no_prefix_cache,
         spec_drafts: a.spec_drafts,
+        spec_budget: a.spec_budget.into(),
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(model, cfg)?.with_tokenizer(front.tokenizer().clone());
@@ -220,19 +244,23 @@ pub fn run(a: &GenerateArgs) -> CliResult {
         sum.generated_tokens as f64 / sum.elapsed_s.max(1e-9)
     );
     eprintln!(
-        "steps {}, forward {:.0} ms, sampling {:.0} ms, scheduling {:.0} ms, parsing {:.0} ms; prefix-cached prompt tokens {}, preemptions {}",
+        "steps {}, forward {:.0} ms, sampling {:.0} ms, grammar {:.0} ms, scheduling {:.0} ms, parsing {:.0} ms; prefix-cached prompt tokens {}, preemptions {}, forks {}",
         m.steps,
         m.forward_ms,
         m.sample_ms,
+        m.grammar_ms,
         m.sched_ms,
         m.post_ms,
         m.cached_prompt_tokens,
-        m.preemptions
+        m.preemptions,
+        m.forks
     );
     if m.spec_rows > 0 {
         eprintln!(
-            "speculation: {} drafts per step, acceptance {:.1}% ({} of {}), {:.2} tokens per verified row, drafting {:.0} ms",
+            "speculation ({:?}): {} drafts per row at most, {:.2} drafts per verified row, acceptance {:.1}% ({} of {}), {:.2} tokens per verified row, drafting {:.0} ms",
+            a.spec_budget,
             a.spec_drafts,
+            m.draft_tokens as f64 / m.spec_rows as f64,
             100.0 * m.accepted_drafts as f64 / m.draft_tokens.max(1) as f64,
             m.accepted_drafts,
             m.draft_tokens,

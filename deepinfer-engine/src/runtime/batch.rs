@@ -137,16 +137,18 @@ where
         .iter()
         .flat_map(|(_, _, _, p)| p.requests.iter().cloned())
         .collect();
-    let total = requests.len();
-    let mut outputs: HashMap<RequestId, Output> = HashMap::new();
+    let total: usize = requests.iter().map(|r| r.params.n.max(1)).sum();
+    let mut outputs: HashMap<RequestId, Vec<Output>> = HashMap::new();
+    let mut finished = 0usize;
     let mut tokens = 0usize;
     let t0 = std::time::Instant::now();
     engine.generate_stream(requests, |ev| {
         match ev {
             StreamEvent::Token { .. } => tokens += 1,
             StreamEvent::Finished(o) => {
-                outputs.insert(o.id, (**o).clone());
-                on_done(outputs.len(), total, tokens);
+                outputs.entry(o.id).or_default().push((**o).clone());
+                finished += 1;
+                on_done(finished, total, tokens);
             }
             _ => {}
         }
@@ -158,11 +160,13 @@ where
         .map(|d| d.as_secs())
         .unwrap_or(0);
     for (slot, line, cid, prep) in jobs {
-        let outs: Vec<Output> = prep
+        let mut outs: Vec<Output> = prep
             .requests
             .iter()
             .filter_map(|r| outputs.remove(&r.id))
+            .flatten()
             .collect();
+        outs.sort_by_key(|o| (o.id, o.index));
         sum.completed += 1;
         sum.prompt_tokens += prep.prompt_tokens;
         sum.generated_tokens += outs

@@ -22,6 +22,11 @@ pub struct BenchPoint {
     pub step_ms: f64,
     /// Generated tokens per decode row (1 without speculation; measured acceptance with it).
     pub tokens_per_row: f64,
+    /// Share of the wall time spent outside the model's forward (host overhead: schedule,
+    /// sampling, grammar, drafting, update, parsing, bookkeeping).
+    pub host_frac: f64,
+    /// Share of the wall time spent in the sampler (and draft verification).
+    pub sample_frac: f64,
 }
 
 /// Run `concurrency` greedy requests of `prompt_len` random prompt tokens and `new_tokens`
@@ -91,6 +96,8 @@ where
             } else {
                 1.0
             },
+            host_frac: 1.0 - (m1.forward_ms - m0.forward_ms) / (wall * 1e3).max(1e-9),
+            sample_frac: (m1.sample_ms - m0.sample_ms) / (wall * 1e3).max(1e-9),
         };
         on_level(&p);
         points.push(p);
@@ -105,6 +112,7 @@ pub fn bench_json(points: &[BenchPoint], setup: &Value) -> Value {
         "points": points.iter().map(|p| json!({
             "concurrency": p.concurrency, "total_tok_s": p.total_tok_s, "per_user_tok_s": p.per_user_tok_s,
             "ttft_ms": p.ttft_ms, "step_ms": p.step_ms, "tokens_per_row": p.tokens_per_row,
+            "host_frac": p.host_frac, "sample_frac": p.sample_frac,
         })).collect::<Vec<_>>(),
     })
 }
@@ -112,13 +120,27 @@ pub fn bench_json(points: &[BenchPoint], setup: &Value) -> Value {
 /// A text table.
 pub fn bench_table(points: &[BenchPoint]) -> String {
     let mut s = format!(
-        "{:>11} {:>12} {:>15} {:>10} {:>10} {:>14}\n",
-        "concurrency", "total tok/s", "per-user tok/s", "TTFT ms", "step ms", "tokens/row"
+        "{:>11} {:>12} {:>15} {:>10} {:>10} {:>11} {:>7} {:>9}\n",
+        "concurrency",
+        "total tok/s",
+        "per-user tok/s",
+        "TTFT ms",
+        "step ms",
+        "tokens/row",
+        "host %",
+        "sample %"
     );
     for p in points {
         s.push_str(&format!(
-            "{:>11} {:>12.1} {:>15.1} {:>10.1} {:>10.1} {:>14.2}\n",
-            p.concurrency, p.total_tok_s, p.per_user_tok_s, p.ttft_ms, p.step_ms, p.tokens_per_row
+            "{:>11} {:>12.1} {:>15.1} {:>10.1} {:>10.1} {:>11.2} {:>7.1} {:>9.1}\n",
+            p.concurrency,
+            p.total_tok_s,
+            p.per_user_tok_s,
+            p.ttft_ms,
+            p.step_ms,
+            p.tokens_per_row,
+            100.0 * p.host_frac,
+            100.0 * p.sample_frac
         ));
     }
     s
@@ -200,6 +222,8 @@ mod tests {
             ttft_ms: 5.0,
             step_ms: 2.0,
             tokens_per_row: 1.0,
+            host_frac: 0.25,
+            sample_frac: 0.1,
         });
         let t = bench_table(&pts);
         assert_eq!(t.lines().count(), 3);

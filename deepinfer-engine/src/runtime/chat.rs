@@ -1,14 +1,24 @@
 //! OpenAI Chat Completions bodies ↔ engine requests and outputs, through `deepinfer-recipe`
 //! (request conversion, rendering by provenance, encoding, output parsing options).
 
-use super::request::{GenParams, Output, Request, RequestId};
+use super::request::{GenParams, GrammarConstraint, Output, Request, RequestId};
 use crate::config::ModelKind;
+use deepinfer_recipe::grammar::{
+    GrammarCache, GrammarSpec, GrammarVocab, RegexBackend, dsml_tool_calls_regex, schema_regex,
+};
 use deepinfer_recipe::protocol::chat::ChatRequest;
-use deepinfer_recipe::protocol::{ConversionOptions, ModelSpec, Protocol, RequestError};
-use deepinfer_recipe::{PromptFormat, PromptTokenizer, Renderer};
+use deepinfer_recipe::protocol::{
+    ConversionOptions, ModelSpec, OutputConstraint, ParsingOptions, Protocol, RequestError,
+    ThinkingStart,
+};
+use deepinfer_recipe::{PromptFormat, PromptTokenizer, Renderer, SpecialToken};
 use deepinfer_sample::SamplingParams;
 use serde_json::{Value, json};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// How the recipe crate's JSON regexes spell optional whitespace (removed for compact JSON).
+const WS_PATTERN: &str = r"[ \t\n\r]*";
 
 /// The id the vendored V4 vocabulary lacks for V4.1's `<｜System｜>`: mapped to a reserved
 /// placeholder id (configuration, not a claim about the real V4.1 vocabulary).
@@ -23,6 +33,9 @@ pub enum ChatError {
     /// The prompt could not be encoded.
     #[error("cannot encode the prompt: {0}")]
     Encode(String),
+    /// The structured-output constraint (`response_format`, tools) cannot be compiled.
+    #[error("cannot compile the output grammar: {0}")]
+    Grammar(String),
 }
 
 impl ChatError {
@@ -30,17 +43,17 @@ impl ChatError {
     pub fn to_json(&self) -> Value {
         match self {
             ChatError::Request(e) => e.to_json(Protocol::ChatCompletions),
-            ChatError::Encode(m) => {
+            ChatError::Encode(m) | ChatError::Grammar(m) => {
                 json!({"error": {"message": m, "type": "invalid_request_error", "param": null, "code": "invalid_request_error"}})
             }
         }
     }
 }
 
-/// A converted chat body: one engine request per choice (`n`).
+/// A converted chat body: one engine request (its `n` choices are parallel samples).
 #[derive(Debug, Clone)]
 pub struct PreparedChat {
-    /// The engine requests (ids `first_id ..`).
+    /// The engine requests (one, id `first_id`; kept a list for callers that split choices).
     pub requests: Vec<Request>,
     /// The model name as requested.
     pub model: String,
@@ -59,6 +72,12 @@ pub struct ChatFrontend {
     pub default_max_tokens: usize,
     /// Thinking mode when a body does not say.
     pub default_thinking: bool,
+    /// Structured JSON outputs without whitespace between tokens (`{"a":1}`), as grammar
+    /// engines offer (`any_whitespace = false`): a model, above all one with random weights,
+    /// can otherwise pad JSON with whitespace until its token limit.
+    pub compact_json: bool,
+    /// Compiled grammars (built on first use: the grammar vocabulary indexes every token).
+    grammars: Arc<OnceLock<Result<GrammarCache, String>>>,
 }
 
 impl ChatFrontend {
@@ -79,7 +98,88 @@ impl ChatFrontend {
             format,
             default_max_tokens: 64,
             default_thinking: false,
+            compact_json: true,
+            grammars: Arc::new(OnceLock::new()),
         }
+    }
+
+    fn special(&self, t: SpecialToken) -> Option<u32> {
+        self.tokenizer.special_id(t.deepseek_spelling())
+    }
+
+    /// Compile the output constraint of a converted request into a grammar constraint:
+    /// JSON / regex from the first answer token (after `</think>` in thinking mode), tool
+    /// calls from the DSML marker token (or from the start when the prompt opened the block).
+    pub fn grammar(
+        &self,
+        constraint: &OutputConstraint,
+        parsing: &ParsingOptions,
+    ) -> Result<GrammarConstraint, ChatError> {
+        let eos = self.special(SpecialToken::Eos);
+        let dsml = self.special(SpecialToken::Dsml);
+        let cache = self
+            .grammars
+            .get_or_init(|| {
+                let eos = eos.ok_or("the tokenizer has no end-of-sequence token")?;
+                let symbols: Vec<(u32, u8)> = dsml.map(|d| (d, 0)).into_iter().collect();
+                let vocab = GrammarVocab::from_tokenizer(&self.tokenizer, &[eos], &symbols);
+                Ok(GrammarCache::new(
+                    Arc::new(RegexBackend::default()),
+                    Arc::new(vocab),
+                    Duration::from_secs(30),
+                ))
+            })
+            .as_ref()
+            .map_err(|e| ChatError::Grammar(e.clone()))?;
+        let (pattern, trigger) = match constraint {
+            OutputConstraint::Json { schema } => (self.json_pattern(schema.as_ref())?, None),
+            OutputConstraint::Regex(r) => (r.clone(), None),
+            OutputConstraint::ToolCalls { tools, .. } => {
+                let inside = parsing.starts_in_tool_calls;
+                let trigger = if inside {
+                    None
+                } else {
+                    Some(dsml.ok_or_else(|| {
+                        ChatError::Grammar("the tokenizer has no DSML token".into())
+                    })?)
+                };
+                let p = dsml_tool_calls_regex(self.format, tools, inside)
+                    .map_err(|e| ChatError::Grammar(e.to_string()))?;
+                (p, trigger)
+            }
+        };
+        // `$`: the DFA reports a match one byte late, so without the end anchor a token
+        // running one byte past a complete output would still be allowed.
+        let spec = GrammarSpec::Regex(format!("(?:{pattern})$"));
+        let arm_after = match parsing.thinking {
+            Some(ThinkingStart::ReasoningStart | ThinkingStart::ReasoningContinuation) => {
+                Some(self.special(SpecialToken::ThinkingEnd).ok_or_else(|| {
+                    ChatError::Grammar("the tokenizer has no </think> token".into())
+                })?)
+            }
+            _ => None,
+        };
+        let grammar = cache
+            .get(&spec)
+            .map_err(|e| ChatError::Grammar(e.to_string()))?;
+        Ok(GrammarConstraint {
+            grammar,
+            arm_after,
+            trigger,
+            vocab_size: self.tokenizer.vocab_size(),
+        })
+    }
+
+    /// The regex of a JSON output (any object, or a schema), compact when asked.
+    fn json_pattern(&self, schema: Option<&Value>) -> Result<String, ChatError> {
+        let object = json!({"type": "object"});
+        let pattern = schema_regex(schema.unwrap_or(&object))
+            .map_err(|e| ChatError::Grammar(e.to_string()))?;
+        Ok(if self.compact_json {
+            pattern.replace(WS_PATTERN, "")
+        } else {
+            pattern
+        })
     }
 
     /// The tokenizer (shared with the engine's stream parsers).
@@ -87,8 +187,8 @@ impl ChatFrontend {
         &self.tokenizer
     }
 
-    /// Convert a Chat Completions body. Requests get ids `first_id ..= first_id + n - 1`;
-    /// choice `i` uses seed `seed + i` (`seed` from the body, else `default_seed`).
+    /// Convert a Chat Completions body into one request of id `first_id`; choice `i` of its
+    /// `n` uses seed `seed + i` (`seed` from the body, else `default_seed`).
     pub fn prepare(
         &self,
         body: &Value,
@@ -137,26 +237,27 @@ impl ChatFrontend {
         sampling
             .validate()
             .map_err(|e| ChatError::Request(RequestError::Malformed(e.to_string())))?;
-        let n = s.n.max(1) as u64;
-        let requests = (0..n)
-            .map(|i| Request {
-                id: first_id + i,
-                prompt: prompt.clone(),
-                params: GenParams {
-                    sampling: SamplingParams {
-                        seed: seed.wrapping_add(i),
-                        ..sampling.clone()
-                    },
-                    max_tokens: s
-                        .max_tokens
-                        .map(|m| m as usize)
-                        .unwrap_or(self.default_max_tokens),
-                    logprobs: s.logprobs,
-                    ..GenParams::default()
-                },
-                parsing: Some(conv.parsing.clone()),
-            })
-            .collect();
+        let grammar = conv
+            .constraint
+            .as_ref()
+            .map(|c| self.grammar(c, &conv.parsing))
+            .transpose()?;
+        let requests = vec![Request {
+            id: first_id,
+            prompt: prompt.clone(),
+            params: GenParams {
+                sampling,
+                max_tokens: s
+                    .max_tokens
+                    .map(|m| m as usize)
+                    .unwrap_or(self.default_max_tokens),
+                logprobs: s.logprobs,
+                n: s.n.max(1) as usize,
+                ..GenParams::default()
+            },
+            parsing: Some(conv.parsing.clone()),
+            grammar,
+        }];
         Ok(PreparedChat {
             requests,
             model,

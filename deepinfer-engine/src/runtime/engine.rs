@@ -7,13 +7,16 @@
 //! Steps run one after the other (no overlap of scheduling with the forward yet).
 
 use super::prefix::PrefixStates;
+use super::request::GrammarConstraint;
 use super::request::{
     FinishReason, GenParams, Output, Request, RequestId, Timing, TokenLogprob, ToolCallOut, Usage,
 };
 use crate::{BatchItem, Logits, Model, ModelError, SeqState};
 use deepinfer_kernels::Backend;
 use deepinfer_kv::{BlockManager, BlockManagerConfig, HitRule};
+use deepinfer_recipe::grammar::Matcher;
 use deepinfer_recipe::parser::{BackendFinish, Event, FinishReason as ParseFinish};
+use deepinfer_recipe::protocol::ParsingOptions;
 use deepinfer_recipe::{PromptTokenizer, StreamParser};
 use deepinfer_sample::{
     SampleError, SampleRequest, VerifyMode, VerifyRequest, sample_batch, verify,
@@ -22,6 +25,7 @@ use deepinfer_sched::{
     FinishReason as SchedFinish, Finished, NewRequest, SchedError, Scheduler, SchedulerConfig,
     SpecMode, StepOutput,
 };
+use deepinfer_spec::{Planner, PlannerConfig, Search, StepTimeModel};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -45,8 +49,24 @@ pub struct EngineConfig {
     pub prefix_state_capacity: usize,
     /// DSpark drafts verified per decode row (fixed-length verification, so a request's path
     /// does not depend on its batch-mates); 0 turns speculation off. Needs a model with the
-    /// drafter; at most its block size.
+    /// drafter; at most its block size. With [`SpecBudget::Budgeted`] the most per row.
     pub spec_drafts: usize,
+    /// Fixed drafts per row, or a per-step budget from the `deepinfer-spec` planner.
+    pub spec_budget: SpecBudget,
+}
+
+/// How many drafts each decode row verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecBudget {
+    /// Every decode row verifies `spec_drafts` drafts: fixed-length verification, so a
+    /// request's sampling path does not depend on its batch-mates (deterministic mode).
+    #[default]
+    Fixed,
+    /// The `deepinfer-spec` planner splits a step's rows between requests (0 ..= `spec_drafts`
+    /// each) from the drafter's confidences and a step-time model calibrated at start-up and
+    /// corrected online from the measured step times. Greedy outputs stay exact; sampled
+    /// paths may depend on batch-mates.
+    Budgeted,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +80,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             prefix_state_capacity: 512,
             spec_drafts: 0,
+            spec_budget: SpecBudget::Fixed,
         }
     }
 }
@@ -129,6 +150,10 @@ pub struct Metrics {
     pub sched_ms: f64,
     /// Time in the stream parser and output bookkeeping, ms.
     pub post_ms: f64,
+    /// Time filling grammar bitmasks and advancing matchers, ms.
+    pub grammar_ms: f64,
+    /// Sequences forked from a parent for `n > 1` (sharing its prompt blocks).
+    pub forks: u64,
 }
 
 /// One streamed event of [`Engine::generate_stream`].
@@ -176,8 +201,23 @@ impl StreamEvent {
 /// A request in flight.
 struct Live<T> {
     user_id: RequestId,
+    /// Which of the request's `n` samples.
+    index: usize,
     params: GenParams,
     prompt_len: usize,
+    /// Fork group parent still to fork: its last prompt token is fed as a forced "output"
+    /// (the scheduler holds the prompt minus that token), then `n - 1` children are forked.
+    forced: Option<u32>,
+    /// Leading scheduler output tokens that are prompt, not generated (the forced token).
+    strip: usize,
+    /// How children of a fork group are set up.
+    parsing: Option<ParsingOptions>,
+    grammar: Option<GrammarConstraint>,
+    /// Grammar matcher of this output (structured outputs).
+    matcher: Option<Box<dyn Matcher>>,
+    /// Drafts made at the end of the last step for the next one (budgeted speculation: the
+    /// planner needs their confidences before it plans).
+    next_draft: Option<NextDraft>,
     /// Where a prefix-hit snapshot is taken: the largest reusable prefix of this prompt.
     cut: usize,
     state: Option<SeqState<T>>,
@@ -203,6 +243,16 @@ struct Piece {
     extra: Vec<u32>,
     /// A decode row verifying `extra` as drafts (logits of every row are kept).
     spec: bool,
+}
+
+/// Drafts for the next decode row of a request.
+struct NextDraft {
+    /// State position and anchor token they were drafted from.
+    pos: usize,
+    anchor: u32,
+    ids: Vec<u32>,
+    /// Draft distributions (stochastic verification only), `ids.len() * vocab`.
+    q: Option<Vec<f32>>,
 }
 
 /// One generated token with its log-probabilities.
@@ -288,14 +338,30 @@ where
             max_num_seqs: cfg.max_num_seqs,
             max_model_len: cfg.max_model_len,
             max_chunk_tokens: cfg.max_num_batched_tokens,
-            spec: if cfg.spec_drafts > 0 {
-                SpecMode::Fixed(cfg.spec_drafts)
-            } else {
-                SpecMode::Off
+            spec: match (cfg.spec_drafts, cfg.spec_budget) {
+                (0, _) => SpecMode::Off,
+                (n, SpecBudget::Fixed) => SpecMode::Fixed(n),
+                (n, SpecBudget::Budgeted) => SpecMode::Budgeted { max_drafts: n },
             },
             ..SchedulerConfig::default()
         };
-        Ok(Scheduler::new(sc, kv)?)
+        let sched = Scheduler::new(sc, kv)?;
+        Ok(
+            if cfg.spec_drafts > 0 && cfg.spec_budget == SpecBudget::Budgeted {
+                let planner = Planner::new(
+                    calibrate(model, cfg.max_num_batched_tokens)?,
+                    PlannerConfig {
+                        search: Search::Full,
+                        max_total_rows: Some(cfg.max_num_batched_tokens),
+                        max_drafts_per_request: Some(cfg.spec_drafts),
+                    },
+                )
+                .map_err(|e| EngineError::Config(format!("draft planner: {e}")))?;
+                sched.with_planner(planner)
+            } else {
+                sched
+            },
+        )
     }
 
     /// Attach a tokenizer: outputs then carry text, reasoning and tool calls.
@@ -335,12 +401,14 @@ where
     }
 
     /// Run every valid request to completion; invalid ones come back as errors in their slot.
+    /// A request with `n > 1` fills `n` consecutive slots (its samples in index order); an
+    /// invalid one fills one.
     pub fn generate_each(
         &mut self,
         requests: Vec<Request>,
     ) -> Result<Vec<Result<Output, EngineError>>, EngineError> {
         let order: Vec<RequestId> = requests.iter().map(|r| r.id).collect();
-        let mut done: HashMap<RequestId, Result<Output, EngineError>> = HashMap::new();
+        let mut done: HashMap<RequestId, Vec<Result<Output, EngineError>>> = HashMap::new();
         let mut valid = Vec::new();
         for r in requests {
             match self.check_request(&r) {
@@ -353,32 +421,37 @@ where
                 Ok(()) => {
                     done.insert(
                         r.id,
-                        Err(EngineError::InvalidRequest {
+                        vec![Err(EngineError::InvalidRequest {
                             id: r.id,
                             reason: "duplicate request id".into(),
-                        }),
+                        })],
                     );
                 }
                 Err(e) => {
-                    done.insert(r.id, Err(e));
+                    done.insert(r.id, vec![Err(e)]);
                 }
             }
         }
         self.generate_stream(valid, |ev| {
             if let StreamEvent::Finished(o) = ev {
-                done.insert(o.id, Ok((**o).clone()));
+                done.entry(o.id).or_default().push(Ok((**o).clone()));
             }
             true
         })?;
-        Ok(order
-            .into_iter()
-            .map(|id| {
-                done.remove(&id).unwrap_or(Err(EngineError::InvalidRequest {
+        let mut out = Vec::new();
+        for id in order {
+            match done.remove(&id) {
+                Some(mut v) => {
+                    v.sort_by_key(|o| o.as_ref().map(|o| o.index).unwrap_or(0));
+                    out.extend(v);
+                }
+                None => out.push(Err(EngineError::InvalidRequest {
                     id,
                     reason: "duplicate request id".into(),
-                }))
-            })
-            .collect())
+                })),
+            }
+        }
+        Ok(out)
     }
 
     /// Whether a request can run on this engine (prompt, vocabulary, limits, parameters).
@@ -414,6 +487,145 @@ where
             .sampling
             .validate()
             .map_err(|e| bad(e.to_string()))?;
+        if r.params.n == 0 {
+            return Err(bad("n must be at least 1".into()));
+        }
+        if let Some(g) = &r.grammar
+            && g.vocab_size > v
+        {
+            return Err(bad(format!(
+                "the grammar's vocabulary ({}) is larger than the model's ({v})",
+                g.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Add a checked request to the scheduler: one sequence, or for `n > 1` a fork group (a
+    /// parent that prefills the prompt once, then forks `n - 1` children sharing its blocks)
+    /// or, when the prompt cannot be split that way, `n` independent sequences.
+    fn admit(
+        &mut self,
+        r: Request,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+    ) -> Result<(), EngineError> {
+        let eos = self.model.cfg.eos_token_id.map(|e| e as u32);
+        let mut stop_tokens = r.params.stop_token_ids.clone();
+        if r.params.stop_at_eos
+            && let Some(e) = eos
+        {
+            stop_tokens.push(e);
+        }
+        let n = r.params.n.max(1);
+        let last = r.prompt[r.prompt.len() - 1];
+        let fork = n > 1 && r.prompt.len() >= 2 && !stop_tokens.contains(&last);
+        let copies = if n > 1 && !fork { n } else { 1 };
+        let cut = hit_rule(&self.model, &self.cfg)
+            .max_reusable_tokens(r.prompt.len(), self.cfg.block_size);
+        for index in 0..copies {
+            let sid = self.next_sid;
+            self.next_sid += 1;
+            let mut params = r.params.clone();
+            params.sampling.seed = params.sampling.seed.wrapping_add(index as u64);
+            let nr = if fork {
+                let mut nr = NewRequest::new(
+                    sid,
+                    r.prompt[..r.prompt.len() - 1].to_vec(),
+                    r.params.max_tokens + 1,
+                );
+                nr.stop_tokens = stop_tokens.clone();
+                nr
+            } else {
+                let mut nr = NewRequest::new(sid, r.prompt.clone(), r.params.max_tokens);
+                nr.stop_tokens = stop_tokens.clone();
+                nr
+            };
+            self.sched.add_request(nr)?;
+            let l = Live {
+                user_id: r.id,
+                index,
+                params,
+                prompt_len: r.prompt.len(),
+                forced: fork.then_some(last),
+                strip: usize::from(fork),
+                parsing: r.parsing.clone(),
+                grammar: r.grammar.clone(),
+                matcher: r.grammar.as_ref().map(GrammarConstraint::matcher),
+                cut,
+                state: None,
+                next_draft: None,
+                parser: self.parser_for(r.parsing.as_ref()),
+                logprobs: Vec::new(),
+                text: String::new(),
+                reasoning: String::new(),
+                calls: Vec::new(),
+                parse_finish: None,
+                stop_tokens: stop_tokens.clone(),
+                cached: None,
+                first_token: None,
+                last_token: 0.0,
+            };
+            live.insert(sid, l);
+        }
+        Ok(())
+    }
+
+    fn parser_for(&self, parsing: Option<&ParsingOptions>) -> Option<StreamParser> {
+        match (&self.tokenizer, parsing) {
+            (Some(tok), Some(p)) => Some(StreamParser::new(tok.clone(), p)),
+            (Some(tok), None) => Some(StreamParser::new(tok.clone(), &plain_parsing())),
+            _ => None,
+        }
+    }
+
+    /// Fork the `n - 1` children of a fork-group parent whose prompt is now complete.
+    fn fork_children(
+        &mut self,
+        parent: u64,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+    ) -> Result<(), EngineError> {
+        let Some(p) = live.get(&parent) else {
+            return Ok(());
+        };
+        let n = p.params.n.max(1);
+        let base_seed = p.params.sampling.seed;
+        let mut children = Vec::with_capacity(n - 1);
+        for index in 1..n {
+            let sid = self.next_sid;
+            self.next_sid += 1;
+            self.sched.fork(parent, sid)?;
+            self.metrics.forks += 1;
+            let mut params = p.params.clone();
+            params.sampling.seed = base_seed.wrapping_add(index as u64);
+            children.push((
+                sid,
+                Live {
+                    user_id: p.user_id,
+                    index,
+                    params,
+                    prompt_len: p.prompt_len,
+                    forced: None,
+                    strip: p.strip,
+                    parsing: p.parsing.clone(),
+                    grammar: p.grammar.clone(),
+                    matcher: p.grammar.as_ref().map(GrammarConstraint::matcher),
+                    cut: p.cut,
+                    state: p.state.clone(),
+                    next_draft: None,
+                    parser: self.parser_for(p.parsing.as_ref()),
+                    logprobs: Vec::new(),
+                    text: String::new(),
+                    reasoning: String::new(),
+                    calls: Vec::new(),
+                    parse_finish: None,
+                    stop_tokens: p.stop_tokens.clone(),
+                    cached: p.cached,
+                    first_token: None,
+                    last_token: 0.0,
+                },
+            ));
+        }
+        live.extend(children);
         Ok(())
     }
 
@@ -427,51 +639,16 @@ where
     ) -> Result<(), EngineError> {
         let t0 = Instant::now();
         let mut live: HashMap<u64, Live<B::Tensor>> = HashMap::new();
-        let eos = self.model.cfg.eos_token_id.map(|e| e as u32);
         for r in requests {
             self.check_request(&r)?;
-            let sid = self.next_sid;
-            self.next_sid += 1;
-            let mut stop_tokens = r.params.stop_token_ids.clone();
-            if r.params.stop_at_eos
-                && let Some(e) = eos
-            {
-                stop_tokens.push(e);
-            }
-            let mut nr = NewRequest::new(sid, r.prompt.clone(), r.params.max_tokens);
-            nr.stop_tokens = stop_tokens.clone();
-            self.sched.add_request(nr)?;
-            let parser = match (&self.tokenizer, &r.parsing) {
-                (Some(tok), Some(p)) => Some(StreamParser::new(tok.clone(), p)),
-                (Some(tok), None) => Some(StreamParser::new(tok.clone(), &plain_parsing())),
-                _ => None,
-            };
-            let cut = hit_rule(&self.model, &self.cfg)
-                .max_reusable_tokens(r.prompt.len(), self.cfg.block_size);
-            live.insert(
-                sid,
-                Live {
-                    user_id: r.id,
-                    params: r.params,
-                    prompt_len: r.prompt.len(),
-                    cut,
-                    state: None,
-                    parser,
-                    logprobs: Vec::new(),
-                    text: String::new(),
-                    reasoning: String::new(),
-                    calls: Vec::new(),
-                    parse_finish: None,
-                    stop_tokens,
-                    cached: None,
-                    first_token: None,
-                    last_token: 0.0,
-                },
-            );
+            self.admit(r, &mut live)?;
         }
         while !live.is_empty() {
             let ts = Instant::now();
-            let plan = self.sched.schedule()?;
+            let plan = {
+                let _span = tracing::debug_span!("schedule").entered();
+                self.sched.schedule()?
+            };
             self.metrics.sched_ms += ms_since(ts);
             for id in &plan.preempted {
                 // Recompute on re-admission: the model state goes with the KV blocks.
@@ -528,15 +705,37 @@ where
                         .and_then(|t| t.get(start).copied())
                         .ok_or(SchedError::UnknownRequest(sid))?;
                     let td = Instant::now();
-                    let d = self.model.draft(st, anchor)?;
+                    let stochastic = l.params.sampling.temperature > 0.0;
+                    let (extra, q) = match l.next_draft.take() {
+                        // Drafted at the end of the last step (budgeted mode).
+                        Some(nd)
+                            if nd.pos == st.pos
+                                && nd.anchor == anchor
+                                && nd.ids.len() >= drafts =>
+                        {
+                            let v = self.model.cfg.vocab_size;
+                            (
+                                nd.ids[..drafts].to_vec(),
+                                nd.q.map(|mut q| {
+                                    q.truncate(drafts * v);
+                                    q
+                                }),
+                            )
+                        }
+                        _ => {
+                            let d = self.model.draft(st, anchor)?;
+                            let q = stochastic.then(|| {
+                                softmax_rows(&d.logits, self.model.cfg.vocab_size, drafts)
+                            });
+                            (d.draft_ids[..drafts].to_vec(), q)
+                        }
+                    };
                     spec_snaps.insert(sid, st.clone());
-                    let extra = d.draft_ids[..drafts].to_vec();
                     self.metrics.draft_tokens += drafts as u64;
                     self.metrics.spec_rows += 1;
-                    draft_q.insert(
-                        sid,
-                        softmax_rows(&d.logits, self.model.cfg.vocab_size, drafts),
-                    );
+                    if let Some(q) = q {
+                        draft_q.insert(sid, q);
+                    }
                     self.metrics.draft_ms += ms_since(td);
                     pieces.push(Piece {
                         sid,
@@ -602,10 +801,30 @@ where
                 self.forward_group(&group, which, &mut live, &mut logits)?;
             }
             // Verify drafts (fixed length: each row's path depends on its own data only).
+            let v = self.model.cfg.vocab_size;
+            let words = v.div_ceil(32);
+            let eos = self.model.cfg.eos_token_id.map(|e| e as u32);
             let tv = Instant::now();
+            let verify_span = tracing::debug_span!("verify").entered();
             let mut verified: HashMap<u64, Vec<Tok>> = HashMap::new();
             let mut rollbacks = Vec::new();
+            // Drafts a matcher advanced over to build the masks (rolled back before the
+            // verified tokens are accepted).
+            let mut grammar_drafts: HashMap<u64, usize> = HashMap::new();
             for p in pieces.iter().filter(|p| p.spec) {
+                let l = live
+                    .get_mut(&p.sid)
+                    .ok_or(SchedError::UnknownRequest(p.sid))?;
+                let masks = match l.matcher.as_mut() {
+                    Some(m) => {
+                        let tg = Instant::now();
+                        let (masks, k) = draft_masks(m.as_mut(), &p.extra, words, eos);
+                        grammar_drafts.insert(p.sid, k);
+                        self.metrics.grammar_ms += ms_since(tg);
+                        Some(masks)
+                    }
+                    None => None,
+                };
                 let l = &live[&p.sid];
                 let toks = self
                     .sched
@@ -614,10 +833,10 @@ where
                 let sp = &l.params.sampling;
                 let req = VerifyRequest {
                     target_logits: logits[&p.sid].as_slice(),
-                    vocab: self.model.cfg.vocab_size,
+                    vocab: v,
                     draft_tokens: &p.extra,
                     draft_probs: draft_q.get(&p.sid).map(Vec::as_slice),
-                    masks: None,
+                    masks: masks.as_deref(),
                     history: &toks[l.prompt_len.min(toks.len())..],
                     position: p.to as u64,
                     params: sp,
@@ -652,6 +871,7 @@ where
                         .collect(),
                 );
             }
+            drop(verify_span);
             self.metrics.sample_ms += ms_since(tv);
             if !rollbacks.is_empty() {
                 // Re-run the accepted prefix on the pre-draft state (exact state, no drafts).
@@ -659,52 +879,107 @@ where
                 let mut unused = HashMap::new();
                 self.forward_group(&group, Logits::Last, &mut live, &mut unused)?;
             }
-            // Sample every row that samples.
-            let tsm = Instant::now();
-            let mut rows = Vec::new();
+            // Grammar masks of the sampling rows (bit set = allowed), then sample every row
+            // that samples; a fork-group parent's row emits its forced prompt token instead.
+            let tg = Instant::now();
+            let grammar_span = tracing::debug_span!("grammar").entered();
             let mut row_sids = Vec::new();
-            let empty: Vec<u32> = Vec::new();
+            let mut masks: Vec<Option<Vec<u32>>> = Vec::new();
             for p in pieces.iter().filter(|p| p.samples && !p.spec) {
-                let l = &live[&p.sid];
-                let hist = self
-                    .sched
-                    .tokens(p.sid)
-                    .map(|t| &t[l.prompt_len.min(t.len())..])
-                    .unwrap_or(&empty);
-                rows.push(SampleRequest {
-                    logits: logits[&p.sid].as_slice(),
-                    mask: None,
-                    history: hist,
-                    position: p.to as u64,
-                    params: &l.params.sampling,
-                });
+                let l = live
+                    .get_mut(&p.sid)
+                    .ok_or(SchedError::UnknownRequest(p.sid))?;
+                if l.forced.is_some() {
+                    continue;
+                }
                 row_sids.push(p.sid);
+                masks.push(l.matcher.as_mut().map(|m| {
+                    let mut mask = vec![0u32; words];
+                    fill_mask(m.as_mut(), &mut mask, eos);
+                    mask
+                }));
             }
-            let sampled = sample_batch(&rows);
+            drop(grammar_span);
+            self.metrics.grammar_ms += ms_since(tg);
+            let tsm = Instant::now();
+            let empty: Vec<u32> = Vec::new();
+            let rows: Vec<SampleRequest<'_, f32>> = row_sids
+                .iter()
+                .zip(&masks)
+                .map(|(sid, mask)| {
+                    let l = &live[sid];
+                    let p = pieces
+                        .iter()
+                        .rev()
+                        .find(|p| p.sid == *sid)
+                        .map(|p| p.to)
+                        .unwrap_or(0);
+                    let hist = self
+                        .sched
+                        .tokens(*sid)
+                        .map(|t| &t[l.prompt_len.min(t.len())..])
+                        .unwrap_or(&empty);
+                    SampleRequest {
+                        logits: logits[sid].as_slice(),
+                        mask: mask.as_deref(),
+                        history: hist,
+                        position: p as u64,
+                        params: &l.params.sampling,
+                    }
+                })
+                .collect();
+            let sampled = {
+                let _span = tracing::debug_span!("sample", rows = rows.len()).entered();
+                sample_batch(&rows)
+            };
             drop(rows);
+            let mut sampled: HashMap<u64, _> = row_sids.into_iter().zip(sampled).collect();
             self.metrics.sample_ms += ms_since(tsm);
             let tp = Instant::now();
+            let parse_span = tracing::debug_span!("parse").entered();
             let now = ms_since(t0);
             let mut out = StepOutput::new(plan.step);
             let mut aborts = Vec::new();
-            let mut si = 0;
+            let mut to_fork = Vec::new();
             for sid in plan.requests() {
                 let Some(piece) = pieces.iter().rev().find(|p| p.sid == sid) else {
                     continue;
                 };
+                let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
+                if piece.samples
+                    && !piece.spec
+                    && let Some(t) = l.forced.take()
+                {
+                    // The prompt's last token, fed as the parent's first "output".
+                    out.push(sid, &[t], false);
+                    to_fork.push(sid);
+                    continue;
+                }
                 let mut toks: Vec<Tok> = if piece.spec {
                     verified.remove(&sid).unwrap_or_default()
                 } else if piece.samples {
-                    let s = sampled[si].clone()?;
-                    si += 1;
+                    let s = sampled
+                        .remove(&sid)
+                        .ok_or(SchedError::UnknownRequest(sid))??;
                     vec![(s.token, s.logprob, s.top_logprobs)]
                 } else {
                     Vec::new()
                 };
-                let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
                 // Keep a stop token, drop what a verified block produced after it.
                 if let Some(j) = toks.iter().position(|t| l.stop_tokens.contains(&t.0)) {
                     toks.truncate(j + 1);
+                }
+                if let Some(m) = l.matcher.as_mut() {
+                    let tg = Instant::now();
+                    if let Some(k) = grammar_drafts.remove(&sid) {
+                        let _ = m.rollback(k);
+                    }
+                    for t in &toks {
+                        // A rejected token (only a stop token outside the grammar can be)
+                        // leaves the matcher where it was.
+                        let _ = m.accept(t.0);
+                    }
+                    self.metrics.grammar_ms += ms_since(tg);
                 }
                 let mut keep = true;
                 let mut stop = false;
@@ -737,11 +1012,37 @@ where
                     aborts.push(sid);
                 }
                 let ids: Vec<u32> = toks.iter().map(|t| t.0).collect();
-                out.push(sid, &ids, stop);
+                let next_len = self.sched.tokens(sid).map_or(0, <[u32]>::len) + ids.len();
+                let confs = match (self.cfg.spec_budget, ids.last()) {
+                    (SpecBudget::Budgeted, Some(&anchor))
+                        if self.cfg.spec_drafts > 0
+                            && !stop
+                            && !l.stop_tokens.contains(&anchor)
+                            && next_len - l.prompt_len < l.params.max_tokens =>
+                    {
+                        let td = Instant::now();
+                        let c = self.draft_ahead(l, anchor, next_len);
+                        self.metrics.draft_ms += ms_since(td);
+                        c
+                    }
+                    _ => Vec::new(),
+                };
+                out.push_with_confidences(sid, &ids, stop, &confs);
             }
             self.metrics.post_ms += ms_since(tp);
+            drop(parse_span);
+            // The whole step's wall time feeds the cost models (the draft planner's buckets).
+            out.step_ms = Some(ms_since(ts).max(1e-3));
             let tu = Instant::now();
-            let res = self.sched.update(&out)?;
+            let res = {
+                let _span = tracing::debug_span!("update").entered();
+                self.sched.update(&out)?
+            };
+            for sid in to_fork {
+                if !res.finished.iter().any(|f| f.id == sid) {
+                    self.fork_children(sid, &mut live)?;
+                }
+            }
             self.metrics.sched_ms += ms_since(tu);
             let mut finished = res.finished;
             for sid in aborts {
@@ -760,6 +1061,38 @@ where
             self.metrics.post_ms += ms_since(tp);
         }
         Ok(())
+    }
+
+    /// Budgeted speculation: draft the next block now (the state has consumed everything
+    /// but `anchor`, the last token of this step) and return the drafter's confidences for
+    /// the planner; the drafts wait in the request for its next decode row.
+    fn draft_ahead(&self, l: &mut Live<B::Tensor>, anchor: u32, next_len: usize) -> Vec<f64> {
+        let Some(st) = l.state.as_ref().filter(|s| s.pos + 1 == next_len) else {
+            return Vec::new();
+        };
+        let Ok(d) = self.model.draft(st, anchor) else {
+            return Vec::new();
+        };
+        let n = self.cfg.spec_drafts.min(d.draft_ids.len());
+        let v = self.model.cfg.vocab_size;
+        let q = (l.params.sampling.temperature > 0.0).then(|| softmax_rows(&d.logits, v, n));
+        let confs = d.confidence[..n]
+            .iter()
+            .map(|&c| {
+                if c.is_finite() {
+                    f64::from(c).clamp(0.0, 1.0)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        l.next_draft = Some(NextDraft {
+            pos: st.pos,
+            anchor,
+            ids: d.draft_ids[..n].to_vec(),
+            q,
+        });
+        confs
     }
 
     /// One forward call over `group` (at most one piece per request), keeping each piece's
@@ -789,6 +1122,7 @@ where
         }
         let tf = Instant::now();
         let res = {
+            let _span = tracing::debug_span!("forward", sequences = group.len()).entered();
             let mut items: Vec<BatchItem<'_, B::Tensor>> = states
                 .iter_mut()
                 .zip(&toks)
@@ -826,6 +1160,45 @@ where
     }
 }
 
+/// A step-time model for the draft planner: forward passes of 1 and 16 rows on a scratch
+/// state (best of three), extended linearly to `max_rows`; the scheduler corrects each
+/// bucket online from the measured step times.
+fn calibrate<B: Backend>(model: &Model<B>, max_rows: usize) -> Result<StepTimeModel, EngineError>
+where
+    B::Tensor: Clone,
+{
+    let time = |rows: usize| -> Result<f64, EngineError> {
+        let mut best = f64::INFINITY;
+        let toks: Vec<u32> = (0..rows as u32).map(|i| 3 + i % 64).collect();
+        for _ in 0..3 {
+            let mut st = model.new_state();
+            let t = Instant::now();
+            model.forward(
+                &mut [BatchItem {
+                    state: &mut st,
+                    tokens: &toks,
+                }],
+                Logits::Last,
+                None,
+            )?;
+            best = best.min(ms_since(t));
+        }
+        Ok(best.max(1e-3))
+    };
+    let hi = max_rows.clamp(2, 16);
+    let (t1, th) = (time(1)?, time(hi)?);
+    let slope = ((th - t1) / (hi - 1) as f64).max(t1 * 1e-3);
+    let base = (t1 - slope).max(t1 * 0.1);
+    let mut points = Vec::new();
+    let mut r = 1;
+    while r < max_rows {
+        points.push((r, base + slope * r as f64));
+        r *= 2;
+    }
+    points.push((max_rows, base + slope * max_rows as f64));
+    StepTimeModel::linear(&points).map_err(|e| EngineError::Config(format!("step-time model: {e}")))
+}
+
 /// The prefix-hit rule: the last window (plus the speculative slack) is always recomputed.
 fn hit_rule<B: Backend>(model: &Model<B>, cfg: &EngineConfig) -> HitRule {
     HitRule {
@@ -834,7 +1207,48 @@ fn hit_rule<B: Backend>(model: &Model<B>, cfg: &EngineConfig) -> HitRule {
     }
 }
 
-/// Softmax of the first `rows` rows of `[_, v]` logits (the draft distributions).
+/// Fill `mask` from the matcher; when the grammar allows nothing (it cannot complete), allow
+/// only the end-of-sequence token so the request ends instead of failing the batch.
+fn fill_mask(m: &mut dyn Matcher, mask: &mut [u32], eos: Option<u32>) {
+    if m.fill_bitmask(mask).is_err() {
+        mask.fill(0);
+        match eos {
+            Some(e) if (e as usize) < mask.len() * 32 => mask[e as usize / 32] |= 1 << (e % 32),
+            _ => mask.fill(u32::MAX),
+        }
+    }
+}
+
+/// Masks for a verified draft block: mask `i` assumes drafts `..i` were accepted. The matcher
+/// is advanced over the drafts it accepts (returned count, to roll back); after the first
+/// draft it rejects, the remaining masks repeat the last one (verification stops there).
+fn draft_masks(
+    m: &mut dyn Matcher,
+    drafts: &[u32],
+    words: usize,
+    eos: Option<u32>,
+) -> (Vec<u32>, usize) {
+    let mut masks = vec![0u32; (drafts.len() + 1) * words];
+    let mut k = 0;
+    let mut live = true;
+    for i in 0..=drafts.len() {
+        if live {
+            fill_mask(m, &mut masks[i * words..(i + 1) * words], eos);
+            if i < drafts.len() {
+                if m.accept(drafts[i]).is_ok() {
+                    k += 1;
+                } else {
+                    live = false;
+                }
+            }
+        } else {
+            masks.copy_within((i - 1) * words..i * words, i * words);
+        }
+    }
+    (masks, k)
+}
+
+/// Softmax of the first `rows` rows/// Softmax of the first `rows` rows of `[_, v]` logits (the draft distributions).
 fn softmax_rows(logits: &[f32], v: usize, rows: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(rows * v);
     for r in logits.chunks_exact(v).take(rows) {
@@ -912,11 +1326,14 @@ fn finish<T>(mut l: Live<T>, f: Finished, now_ms: f64) -> Output {
         (SchedFinish::Stop, _) => FinishReason::Stop,
         (SchedFinish::Length, _) => FinishReason::Length,
     };
-    let completion_tokens = f.output.len();
+    let mut token_ids = f.output;
+    token_ids.drain(..l.strip.min(token_ids.len()));
+    let completion_tokens = token_ids.len();
     Output {
         id: l.user_id,
+        index: l.index,
         logprobs: l.params.logprobs.then_some(l.logprobs),
-        token_ids: f.output,
+        token_ids,
         text: l.text,
         reasoning: l.reasoning,
         tool_calls: l.calls,

@@ -2,8 +2,10 @@
 //! parameters, and finished outputs with text, reasoning, tool calls, log-probabilities,
 //! usage and timing.
 
+use deepinfer_recipe::grammar::{CompiledGrammar, Matcher, Triggered};
 use deepinfer_recipe::protocol::ParsingOptions;
 use deepinfer_sample::SamplingParams;
+use std::sync::Arc;
 
 /// Caller-visible request id (unique among the requests of one `generate` call).
 pub type RequestId = u64;
@@ -23,6 +25,10 @@ pub struct GenParams {
     /// Report the log-probability of every generated token (and `sampling.top_logprobs`
     /// alternatives).
     pub logprobs: bool,
+    /// Parallel samples of the prompt (`n`): sample `i` uses seed `sampling.seed + i`; they
+    /// share the prompt's KV blocks through scheduler forks. Outputs come back one per sample
+    /// (see [`Output::index`]).
+    pub n: usize,
 }
 
 impl Default for GenParams {
@@ -33,6 +39,7 @@ impl Default for GenParams {
             stop_token_ids: Vec::new(),
             stop_at_eos: true,
             logprobs: false,
+            n: 1,
         }
     }
 }
@@ -45,6 +52,54 @@ impl GenParams {
             max_tokens,
             ..Self::default()
         }
+    }
+}
+
+/// A grammar constraint on a request's output (structured outputs): a compiled grammar from
+/// the recipe crate, engaged after `arm_after` (e.g. `</think>`) and then `trigger` (e.g. the
+/// DSML marker of a tool-call block), as token ids; with neither it constrains from the
+/// first token. The sampler only sees tokens the grammar allows.
+#[derive(Clone)]
+pub struct GrammarConstraint {
+    /// The compiled grammar (shared; each request gets its own matcher).
+    pub grammar: Arc<dyn CompiledGrammar>,
+    /// Free text until this token id.
+    pub arm_after: Option<u32>,
+    /// Then free text until this token id.
+    pub trigger: Option<u32>,
+    /// Vocabulary size of the grammar's token table (at most the model's).
+    pub vocab_size: usize,
+}
+
+impl GrammarConstraint {
+    /// A fresh matcher at the start of the output.
+    pub fn matcher(&self) -> Box<dyn Matcher> {
+        Box::new(Triggered::new(
+            self.grammar.matcher(),
+            self.arm_after,
+            self.trigger,
+            self.vocab_size,
+        ))
+    }
+}
+
+impl std::fmt::Debug for GrammarConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarConstraint")
+            .field("arm_after", &self.arm_after)
+            .field("trigger", &self.trigger)
+            .field("vocab_size", &self.vocab_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for GrammarConstraint {
+    fn eq(&self, o: &Self) -> bool {
+        // The same compiled grammar object (compiled grammars have no value equality).
+        Arc::ptr_eq(&self.grammar, &o.grammar)
+            && self.arm_after == o.arm_after
+            && self.trigger == o.trigger
+            && self.vocab_size == o.vocab_size
     }
 }
 
@@ -61,6 +116,8 @@ pub struct Request {
     pub params: GenParams,
     /// Output parsing (stop sequences, thinking, tool calls), when text is wanted.
     pub parsing: Option<ParsingOptions>,
+    /// Grammar constraint (structured outputs: `response_format`, tool calls).
+    pub grammar: Option<GrammarConstraint>,
 }
 
 impl Request {
@@ -71,6 +128,7 @@ impl Request {
             prompt,
             params,
             parsing: None,
+            grammar: None,
         }
     }
 }
@@ -146,6 +204,8 @@ pub struct Timing {
 pub struct Output {
     /// The request id.
     pub id: RequestId,
+    /// Which of the request's `n` samples this is (0 for `n = 1`).
+    pub index: usize,
     /// Generated token ids (a matched stop token included).
     pub token_ids: Vec<u32>,
     /// Per-token log-probabilities, when asked.
