@@ -69,6 +69,9 @@ const LAYER: &[(&str, &str)] = &[
     ("self_attn.q_b_proj.weight", "attn.wq_b.weight"),
     ("self_attn.kv_proj.weight", "attn.wkv.weight"),
     ("self_attn.kv_norm.weight", "attn.kv_norm.weight"),
+    // transformers 5.24's save_pretrained keeps upstream module names under `model.` but
+    // spells the main attention's KV norm `attn.norm`.
+    ("attn.norm.weight", "attn.kv_norm.weight"),
     ("self_attn.o_a_proj.weight", "attn.wo_a.weight"),
     ("self_attn.o_b_proj.weight", "attn.wo_b.weight"),
     ("self_attn.sinks", "attn.attn_sink"),
@@ -146,6 +149,14 @@ mod tests {
         assert_eq!(
             canonical_name("layers.2.attn.wq_a.weight"),
             "layers.2.attn.wq_a.weight"
+        );
+        assert_eq!(
+            canonical_name("model.layers.4.attn.norm.weight"),
+            "layers.4.attn.kv_norm.weight"
+        );
+        assert_eq!(
+            canonical_name("model.layers.4.attn.compressor.norm.weight"),
+            "layers.4.attn.compressor.norm.weight"
         );
         assert_eq!(
             canonical_name("model.layers.1.self_attn.q_a_proj.weight_scale_inv"),
