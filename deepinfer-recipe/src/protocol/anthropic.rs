@@ -4,7 +4,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::chat::{SamplingRequest, sampling_options};
-use super::chat_response::CallIds;
+use super::output_parts::{OutputParts, Part as OutPart, PartKind};
 use super::{
     ConversionOptions, ConvertedRequest, OutputConstraint, ParsingOptions, PromptUsage,
     RequestError, ThinkingStart, resolve_thinking, resolve_top_p, validate_tool_name,
@@ -431,27 +431,13 @@ pub fn stop_reason_word(reason: FinishReason) -> &'static str {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum Block {
-    Thinking(String),
-    Text(String),
-    ToolUse {
-        id: String,
-        name: String,
-        input: String,
-    },
-}
-
 /// Turns parser events into Messages stream events and the complete message.
 #[derive(Debug, Clone)]
 pub struct MessagesStream {
     id: String,
     model: String,
-    thinking: bool,
     prompt: PromptUsage,
-    blocks: Vec<Block>,
-    open: bool,
-    ids: CallIds,
+    parts: OutputParts,
     finish: Option<(FinishReason, Option<String>, CompletionUsage)>,
 }
 
@@ -460,13 +446,10 @@ impl MessagesStream {
     pub fn new(id: impl Into<String>, model: impl Into<String>, thinking: bool) -> Self {
         let id = id.into();
         Self {
-            ids: CallIds::new(&id),
+            parts: OutputParts::new(&id, thinking),
             id,
             model: model.into(),
-            thinking,
             prompt: PromptUsage::default(),
-            blocks: Vec::new(),
-            open: false,
             finish: None,
         }
     }
@@ -494,11 +477,11 @@ impl MessagesStream {
     }
 
     fn close(&mut self, out: &mut Vec<(&'static str, Value)>) {
-        if !self.open {
+        if !self.parts.open {
             return;
         }
-        let index = self.blocks.len() - 1;
-        if matches!(self.blocks[index], Block::Thinking(_)) {
+        let index = self.parts.last_index();
+        if matches!(self.parts.items[index], OutPart::Reasoning(_)) {
             out.push((
                 "content_block_delta",
                 json!({"type": "content_block_delta", "index": index,
@@ -509,23 +492,23 @@ impl MessagesStream {
             "content_block_stop",
             json!({"type": "content_block_stop", "index": index}),
         ));
-        self.open = false;
+        self.parts.open = false;
     }
 
-    fn open(&mut self, block: Block, out: &mut Vec<(&'static str, Value)>) {
+    fn open(&mut self, part: OutPart, out: &mut Vec<(&'static str, Value)>) {
         self.close(out);
-        let start = match &block {
-            Block::Thinking(_) => json!({"type": "thinking", "thinking": "", "signature": ""}),
-            Block::Text(_) => json!({"type": "text", "text": ""}),
-            Block::ToolUse { id, name, .. } => {
+        let start = match &part {
+            OutPart::Reasoning(_) => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            OutPart::Text(_) => json!({"type": "text", "text": ""}),
+            OutPart::Call { id, name, .. } => {
                 json!({"type": "tool_use", "id": id, "name": name, "input": {}})
             }
         };
-        self.blocks.push(block);
-        self.open = true;
+        self.parts.items.push(part);
+        self.parts.open = true;
         out.push((
             "content_block_start",
-            json!({"type": "content_block_start", "index": self.blocks.len() - 1, "content_block": start}),
+            json!({"type": "content_block_start", "index": self.parts.last_index(), "content_block": start}),
         ));
     }
 
@@ -534,43 +517,30 @@ impl MessagesStream {
         let mut out = Vec::new();
         match event {
             Event::Reasoning(text) => {
-                if !(self.open && matches!(self.blocks.last(), Some(Block::Thinking(_)))) {
-                    self.open(Block::Thinking(String::new()), &mut out);
+                if !self.parts.continues(PartKind::Reasoning) {
+                    self.open(OutPart::Reasoning(String::new()), &mut out);
                 }
-                if let Some(Block::Thinking(all)) = self.blocks.last_mut() {
-                    all.push_str(text);
-                }
+                self.parts.append(PartKind::Reasoning, text);
                 out.push(self.delta(json!({"type": "thinking_delta", "thinking": text})));
             }
             Event::Content(text) => {
-                if !(self.open && matches!(self.blocks.last(), Some(Block::Text(_)))) {
-                    self.open(Block::Text(String::new()), &mut out);
+                if !self.parts.continues(PartKind::Text) {
+                    self.open(OutPart::Text(String::new()), &mut out);
                 }
-                if let Some(Block::Text(all)) = self.blocks.last_mut() {
-                    all.push_str(text);
-                }
+                self.parts.append(PartKind::Text, text);
                 out.push(self.delta(json!({"type": "text_delta", "text": text})));
             }
             Event::ToolCallStart { index, name } => {
-                let empty = self.thinking
-                    && !self
-                        .blocks
-                        .iter()
-                        .any(|b| matches!(b, Block::Thinking(t) if !t.is_empty()));
-                let id = self.ids.next_id(*index, empty);
-                self.open(
-                    Block::ToolUse {
-                        id,
-                        name: name.clone(),
-                        input: String::new(),
-                    },
-                    &mut out,
-                );
+                let id = self.parts.call_id(*index);
+                let call = OutPart::Call {
+                    id,
+                    name: name.clone(),
+                    arguments: String::new(),
+                };
+                self.open(call, &mut out);
             }
             Event::ToolCallArgs { delta, .. } => {
-                if let Some(Block::ToolUse { input, .. }) = self.blocks.last_mut() {
-                    input.push_str(delta);
-                }
+                self.parts.append(PartKind::Call, delta);
                 out.push(self.delta(json!({"type": "input_json_delta", "partial_json": delta})));
             }
             Event::ToolCallEnd { .. } => {}
@@ -596,23 +566,28 @@ impl MessagesStream {
     fn delta(&self, delta: Value) -> (&'static str, Value) {
         (
             "content_block_delta",
-            json!({"type": "content_block_delta", "index": self.blocks.len() - 1, "delta": delta}),
+            json!({"type": "content_block_delta", "index": self.parts.last_index(), "delta": delta}),
         )
     }
 
     /// The complete message.
     pub fn message(&self) -> Value {
         let content: Vec<Value> = self
-            .blocks
+            .parts
+            .items
             .iter()
-            .map(|block| match block {
-                Block::Thinking(text) => {
+            .map(|part| match part {
+                OutPart::Reasoning(text) => {
                     json!({"type": "thinking", "thinking": text, "signature": self.id})
                 }
-                Block::Text(text) => json!({"type": "text", "text": text}),
-                Block::ToolUse { id, name, input } => json!({
+                OutPart::Text(text) => json!({"type": "text", "text": text}),
+                OutPart::Call {
+                    id,
+                    name,
+                    arguments,
+                } => json!({
                     "type": "tool_use", "id": id, "name": name,
-                    "input": serde_json::from_str::<Value>(input).unwrap_or_else(|_| json!({})),
+                    "input": serde_json::from_str::<Value>(arguments).unwrap_or_else(|_| json!({})),
                 }),
             })
             .collect();

@@ -4,6 +4,7 @@
 pub mod anthropic;
 pub mod chat;
 pub mod chat_response;
+mod output_parts;
 pub mod responses;
 
 use std::collections::BTreeMap;

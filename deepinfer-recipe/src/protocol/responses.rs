@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::chat::{SamplingRequest, UNSUPPORTED_IMAGE, sampling_options};
-use super::chat_response::CallIds;
+use super::output_parts::{OutputParts, Part as OutPart, PartKind};
 use super::{
     ConversionOptions, ConvertedRequest, OutputConstraint, ParsingOptions, PromptUsage,
     RequestError, ThinkingStart, resolve_thinking, resolve_top_p, validate_tool_name,
@@ -376,27 +376,13 @@ pub fn convert_request(
     })
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum Item {
-    Reasoning(String),
-    Message(String),
-    Call {
-        call_id: String,
-        name: String,
-        arguments: String,
-    },
-}
-
 /// Turns parser events into Responses stream events and the response object.
 #[derive(Debug, Clone)]
 pub struct ResponsesStream {
     id: String,
     model: String,
-    thinking: bool,
     prompt: PromptUsage,
-    items: Vec<Item>,
-    open: bool,
-    ids: CallIds,
+    parts: OutputParts,
     sequence: u64,
     finish: Option<(FinishReason, CompletionUsage)>,
 }
@@ -406,13 +392,10 @@ impl ResponsesStream {
     pub fn new(id: impl Into<String>, model: impl Into<String>, thinking: bool) -> Self {
         let id = id.into();
         Self {
-            ids: CallIds::new(&id),
+            parts: OutputParts::new(&id, thinking),
             id,
             model: model.into(),
-            thinking,
             prompt: PromptUsage::default(),
-            items: Vec::new(),
-            open: false,
             sequence: 0,
             finish: None,
         }
@@ -437,18 +420,18 @@ impl ResponsesStream {
 
     fn item_json(&self, index: usize, done: bool) -> Value {
         let status = if done { "completed" } else { "in_progress" };
-        match &self.items[index] {
-            Item::Reasoning(text) => json!({
+        match &self.parts.items[index] {
+            OutPart::Reasoning(text) => json!({
                 "type": "reasoning", "id": format!("rs_{}_{index}", self.id), "status": status,
                 "content": [{"type": "reasoning_text", "text": text}], "summary": [],
             }),
-            Item::Message(text) => json!({
+            OutPart::Text(text) => json!({
                 "type": "message", "id": format!("msg_{}_{index}", self.id), "status": status,
                 "role": "assistant",
                 "content": [{"type": "output_text", "annotations": [], "logprobs": [], "text": text}],
             }),
-            Item::Call {
-                call_id,
+            OutPart::Call {
+                id: call_id,
                 name,
                 arguments,
             } => json!({
@@ -459,23 +442,23 @@ impl ResponsesStream {
     }
 
     fn close(&mut self, out: &mut Vec<(&'static str, Value)>) {
-        if self.open {
-            let index = self.items.len() - 1;
+        if self.parts.open {
+            let index = self.parts.last_index();
             let item = self.item_json(index, true);
             let done = self.event(
                 "response.output_item.done",
                 json!({"output_index": index, "item": item}),
             );
             out.push(done);
-            self.open = false;
+            self.parts.open = false;
         }
     }
 
-    fn open(&mut self, item: Item, out: &mut Vec<(&'static str, Value)>) {
+    fn open(&mut self, part: OutPart, out: &mut Vec<(&'static str, Value)>) {
         self.close(out);
-        self.items.push(item);
-        self.open = true;
-        let index = self.items.len() - 1;
+        self.parts.items.push(part);
+        self.parts.open = true;
+        let index = self.parts.last_index();
         let item = self.item_json(index, false);
         let added = self.event(
             "response.output_item.added",
@@ -489,13 +472,11 @@ impl ResponsesStream {
         let mut out = Vec::new();
         match event {
             Event::Reasoning(text) => {
-                if !(self.open && matches!(self.items.last(), Some(Item::Reasoning(_)))) {
-                    self.open(Item::Reasoning(String::new()), &mut out);
+                if !self.parts.continues(PartKind::Reasoning) {
+                    self.open(OutPart::Reasoning(String::new()), &mut out);
                 }
-                if let Some(Item::Reasoning(all)) = self.items.last_mut() {
-                    all.push_str(text);
-                }
-                let index = self.items.len() - 1;
+                self.parts.append(PartKind::Reasoning, text);
+                let index = self.parts.last_index();
                 let delta = self.event(
                     "response.reasoning_text.delta",
                     json!({"output_index": index, "content_index": 0, "delta": text}),
@@ -503,37 +484,26 @@ impl ResponsesStream {
                 out.push(delta);
             }
             Event::Content(text) => {
-                if !(self.open && matches!(self.items.last(), Some(Item::Message(_)))) {
-                    self.open(Item::Message(String::new()), &mut out);
+                if !self.parts.continues(PartKind::Text) {
+                    self.open(OutPart::Text(String::new()), &mut out);
                 }
-                if let Some(Item::Message(all)) = self.items.last_mut() {
-                    all.push_str(text);
-                }
-                let index = self.items.len() - 1;
+                self.parts.append(PartKind::Text, text);
+                let index = self.parts.last_index();
                 let delta = self.event("response.output_text.delta", json!({"output_index": index, "content_index": 0, "delta": text, "logprobs": []}));
                 out.push(delta);
             }
             Event::ToolCallStart { index, name } => {
-                let empty = self.thinking
-                    && !self
-                        .items
-                        .iter()
-                        .any(|i| matches!(i, Item::Reasoning(t) if !t.is_empty()));
-                let call_id = self.ids.next_id(*index, empty);
-                self.open(
-                    Item::Call {
-                        call_id,
-                        name: name.clone(),
-                        arguments: String::new(),
-                    },
-                    &mut out,
-                );
+                let id = self.parts.call_id(*index);
+                let call = OutPart::Call {
+                    id,
+                    name: name.clone(),
+                    arguments: String::new(),
+                };
+                self.open(call, &mut out);
             }
             Event::ToolCallArgs { delta, .. } => {
-                if let Some(Item::Call { arguments, .. }) = self.items.last_mut() {
-                    arguments.push_str(delta);
-                }
-                let index = self.items.len() - 1;
+                self.parts.append(PartKind::Call, delta);
+                let index = self.parts.last_index();
                 let delta = self.event(
                     "response.function_call_arguments.delta",
                     json!({"output_index": index, "delta": delta}),
@@ -560,7 +530,7 @@ impl ResponsesStream {
 
     /// The response object with `status`.
     pub fn response_json(&self, status: &str) -> Value {
-        let output: Vec<Value> = (0..self.items.len())
+        let output: Vec<Value> = (0..self.parts.items.len())
             .map(|i| self.item_json(i, true))
             .collect();
         let usage = self.finish.map(|(_, usage)| {
