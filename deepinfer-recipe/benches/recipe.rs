@@ -19,55 +19,6 @@ use deepinfer_recipe::{
     Conversation, Message, PromptFormat, PromptTokenizer, Renderer, SpecialToken, StreamParser,
 };
 
-/// Deterministic prose with paragraphs, code and CJK, about `tokens` tokens.
-fn corpus(tokenizer: &PromptTokenizer, tokens: usize) -> String {
-    let words = [
-        "the",
-        "model",
-        "reads",
-        "every",
-        "token",
-        "of",
-        "its",
-        "prompt",
-        "before",
-        "answering",
-        "photosynthesis",
-        "converts",
-        "light",
-        "into",
-        "chemical",
-        "energy",
-        "你好",
-        "世界",
-        "fn",
-        "main()",
-        "{",
-        "}",
-        "let",
-        "x",
-        "=",
-        "42;",
-        "println!(\"{x}\");",
-        "über",
-        "naïve",
-    ];
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut paragraph = String::new();
-    for line in 0..400 {
-        for _ in 0..(8 + line % 9) {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            paragraph.push_str(words[(state % words.len() as u64) as usize]);
-            paragraph.push(' ');
-        }
-        paragraph.push_str(if line % 5 == 4 { ".\n\n" } else { ".\n" });
-    }
-    let per_paragraph = tokenizer.encode_plain(&paragraph).unwrap().len();
-    paragraph.repeat(tokens.div_ceil(per_paragraph))
-}
-
 fn tokenizer_with_system() -> Arc<PromptTokenizer> {
     Arc::new(
         PromptTokenizer::deepseek_v4()
@@ -78,7 +29,7 @@ fn tokenizer_with_system() -> Arc<PromptTokenizer> {
 
 fn encode_million(c: &mut Criterion) {
     let tokenizer = tokenizer_with_system();
-    let text = corpus(&tokenizer, 1_000_000);
+    let text = common::corpus(&tokenizer, 1_000_000);
     let rendered =
         Renderer::new(PromptFormat::V4).render(&Conversation::new(vec![Message::user(text)]));
     let tokens = tokenizer.encode_sequential(&rendered).unwrap().len();
@@ -100,7 +51,7 @@ fn encode_million(c: &mut Criterion) {
 /// replaces, on the same 50,000-token text (same ids checked first).
 fn encode_plain_paths(c: &mut Criterion) {
     let tokenizer = tokenizer_with_system();
-    let text = corpus(&tokenizer, 50_000);
+    let text = common::corpus(&tokenizer, 50_000);
     let ids = tokenizer.encode_plain(&text).unwrap();
     assert!(tokenizer.has_fast_path());
     assert_eq!(tokenizer.encode_plain_tokenizers(&text).unwrap(), ids);
@@ -120,9 +71,15 @@ fn encode_plain_paths(c: &mut Criterion) {
 fn stream_parser(c: &mut Criterion) {
     let tokenizer = tokenizer_with_system();
     let think_end = tokenizer.special_id("</think>").unwrap();
-    let mut ids = tokenizer.encode_plain(&corpus(&tokenizer, 50_000)).unwrap();
+    let mut ids = tokenizer
+        .encode_plain(&common::corpus(&tokenizer, 50_000))
+        .unwrap();
     ids.push(think_end);
-    ids.extend(tokenizer.encode_plain(&corpus(&tokenizer, 50_000)).unwrap());
+    ids.extend(
+        tokenizer
+            .encode_plain(&common::corpus(&tokenizer, 50_000))
+            .unwrap(),
+    );
     let options = ParsingOptions {
         parse_tool_calls: true,
         starts_in_tool_calls: false,

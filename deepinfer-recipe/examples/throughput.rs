@@ -3,6 +3,9 @@
 //!
 //! `cargo run --release --example throughput -p deepinfer-recipe`
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,54 +22,6 @@ fn cpu_time() -> Duration {
     let ticks: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
         + fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
     Duration::from_millis(ticks * 10)
-}
-
-fn corpus(tokens: usize, tokenizer: &PromptTokenizer) -> String {
-    let words = [
-        "the",
-        "model",
-        "reads",
-        "every",
-        "token",
-        "of",
-        "its",
-        "prompt",
-        "before",
-        "answering",
-        "photosynthesis",
-        "converts",
-        "light",
-        "into",
-        "chemical",
-        "energy",
-        "你好",
-        "世界",
-        "fn",
-        "main()",
-        "{",
-        "}",
-        "let",
-        "x",
-        "=",
-        "42;",
-        "println!(\"{x}\");",
-        "über",
-        "naïve",
-    ];
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut paragraph = String::new();
-    for line in 0..400 {
-        for _ in 0..(8 + line % 9) {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            paragraph.push_str(words[(state % words.len() as u64) as usize]);
-            paragraph.push(' ');
-        }
-        paragraph.push_str(if line % 5 == 4 { ".\n\n" } else { ".\n" });
-    }
-    let per = tokenizer.encode_plain(&paragraph).unwrap().len();
-    paragraph.repeat(tokens.div_ceil(per))
 }
 
 fn measure(label: &str, units: usize, reps: u32, mut run: impl FnMut()) {
@@ -89,7 +44,7 @@ fn main() {
     println!("load: {:?}", load.elapsed());
     let what = std::env::args().nth(1).unwrap_or_default();
     if what.is_empty() || what == "encode" {
-        let text = corpus(1_000_000, &tokenizer);
+        let text = common::corpus(&tokenizer, 1_000_000);
         let rendered =
             Renderer::new(PromptFormat::V4).render(&Conversation::new(vec![Message::user(text)]));
         let n = tokenizer.encode_sequential(&rendered).unwrap().len();
@@ -101,9 +56,15 @@ fn main() {
         });
     }
     if what.is_empty() || what == "parser" {
-        let mut ids = tokenizer.encode_plain(&corpus(50_000, &tokenizer)).unwrap();
+        let mut ids = tokenizer
+            .encode_plain(&common::corpus(&tokenizer, 50_000))
+            .unwrap();
         ids.push(tokenizer.special_id("</think>").unwrap());
-        ids.extend(tokenizer.encode_plain(&corpus(50_000, &tokenizer)).unwrap());
+        ids.extend(
+            tokenizer
+                .encode_plain(&common::corpus(&tokenizer, 50_000))
+                .unwrap(),
+        );
         let options = ParsingOptions {
             parse_tool_calls: true,
             starts_in_tool_calls: false,

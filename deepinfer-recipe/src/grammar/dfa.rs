@@ -73,10 +73,12 @@ impl CompiledRegex {
     /// a match one byte late, so a state that only carries the delayed match
     /// of a shorter prefix is not dead yet leads nowhere: the prefix is
     /// viable only if it is itself complete or some next byte keeps the DFA
-    /// alive (live NFA states always reach a match).
+    /// alive (live NFA states always reach a match). Only match states can
+    /// be in that position; any other live state is viable.
     fn viable(&self, state: StateID) -> bool {
         !self.dead(state)
-            && (self.accepting(state)
+            && (!self.dfa.is_match_state(state)
+                || self.accepting(state)
                 || (0..=255u8).any(|byte| !self.dead(self.dfa.next_state(state, byte))))
     }
 
@@ -125,7 +127,11 @@ impl CompiledRegex {
                 stack.push(next);
             }
             let end = stack[token.len().min(stack.len() - 1)];
-            if alive && *viable.entry(end).or_insert_with(|| self.viable(end)) {
+            let mut viable_end = || {
+                !self.dfa.is_match_state(end)
+                    || *viable.entry(end).or_insert_with(|| self.viable(end))
+            };
+            if alive && viable_end() {
                 mask[id as usize / 32] |= 1 << (id % 32);
             }
         }
