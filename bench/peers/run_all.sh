@@ -13,6 +13,8 @@
 #                 DeepSeek names); ENGINE_MODEL_BF16 likewise for bf16
 #   DTYPES        "f32 bf16" (default)
 #   SKIP          any of: ours transformers llamacpp
+#   TF_ARGS       extra run_transformers.py arguments (e.g. "--skip offline": its batched generate
+#                 takes ~15 min per dtype on a loaded 2-core machine)
 #   PEERS (/work/peers), THREADS (2)
 set -euo pipefail
 PEERS=${PEERS:-/work/peers}
@@ -68,7 +70,7 @@ case " $SKIP " in *" llamacpp "*) ;; *)
   ;; esac
 case " $SKIP " in *" transformers "*) ;; *)
   log "transformers: $DTYPES"
-  "$PY" "$HERE/run_transformers.py" --dtype "$(echo $DTYPES | tr ' ' ',')" --threads "$THREADS" --repeat 2 \
+  "$PY" "$HERE/run_transformers.py" --dtype "$(echo $DTYPES | tr ' ' ',')" --threads "$THREADS" --repeat 2 ${TF_ARGS:-} \
     >> "$RES" 2> "$OUT/transformers.err" || log "transformers failed (see $OUT/transformers.err)"
   ;; esac
 case " $SKIP " in *" ours "*) ;; *) ours after ;; esac
