@@ -3,6 +3,7 @@
 //! blocks, sink, and the grouped output projection.
 
 use super::forward::Ctx;
+use super::global::GlobalPart;
 use super::state::{CompressorState, SeqState};
 use super::{Model, ModelError};
 use crate::config::{AttnKind, ModelKind, last_at_or_below};
@@ -93,7 +94,7 @@ impl<B: Backend> Model<B> {
                 // every visible entry
                 let mut sel = Vec::with_capacity(ctx.segs.len());
                 for (si, seg) in ctx.segs.iter().enumerate() {
-                    let t = entry_count(ctx.states[si].entries[l].as_ref());
+                    let t = ctx.states[si].global.count(GlobalPart::Entries, l);
                     sel.push(
                         (0..seg.len)
                             .map(|r| {
@@ -132,9 +133,13 @@ impl<B: Backend> Model<B> {
             parts.push(win_all);
             let ent_base = base + n_all;
             let mut n_ent = 0;
-            if let Some(e) = entry_layer.and_then(|el| st.entries[el].as_ref()) {
+            let ent = match entry_layer {
+                Some(el) => st.global.gather(be, GlobalPart::Entries, el)?,
+                None => None,
+            };
+            if let Some(e) = ent {
                 n_ent = e.shape()[0];
-                parts.push(e.clone());
+                parts.push(e);
             }
             // window position of key row k: seg.pos0 - prev_rows + k
             let first_pos = seg.pos0 - prev_rows;
@@ -257,8 +262,8 @@ impl<B: Backend> Model<B> {
             )?;
             let ent = self.cache_quant(ent, FakeQuant::Nvfp4 { block: 16 })?;
             let key = self.cache_quant(key, FakeQuant::Mxfp4 { block: 32 })?;
-            append(be, &mut st.entries[l], ent)?;
-            append(be, &mut st.index_keys[l], key)?;
+            st.global.append(be, GlobalPart::Entries, l, ent)?;
+            st.global.append(be, GlobalPart::IndexKeys, l, key)?;
         }
         Ok(())
     }
@@ -336,12 +341,12 @@ impl<B: Backend> Model<B> {
                 (false, _) => be.compress_pool(&fa, &fz, ratio, false, false)?,
             };
             cs.previous = new_prev;
-            let slot = if for_indexer {
-                &mut st.index_keys[l]
+            let part = if for_indexer {
+                GlobalPart::IndexKeys
             } else {
-                &mut st.entries[l]
+                GlobalPart::Entries
             };
-            let first = entry_count(slot.as_ref());
+            let first = st.global.count(part, l);
             let gpos: Vec<i64> = (0..full / ratio)
                 .map(|i| ((first + i) * ratio) as i64)
                 .collect();
@@ -357,7 +362,7 @@ impl<B: Backend> Model<B> {
                 FakeQuant::Nvfp4 { block: 16 }
             };
             let ent = self.cache_quant(ent, fq)?;
-            append(be, slot, ent)?;
+            st.global.append(be, part, l, ent)?;
         }
         Ok(())
     }
@@ -400,7 +405,7 @@ impl<B: Backend> Model<B> {
         let mut out = Vec::with_capacity(ctx.segs.len());
         for (si, seg) in ctx.segs.iter().enumerate() {
             let st: &SeqState<B::Tensor> = ctx.states[si];
-            let Some(keys) = st.index_keys[owner].as_ref() else {
+            let Some(keys) = st.global.gather(be, GlobalPart::IndexKeys, owner)? else {
                 out.push(vec![Vec::new(); seg.len]);
                 if cand_src == Some(l) {
                     ctx.candidates[si] = None;
@@ -413,7 +418,7 @@ impl<B: Backend> Model<B> {
                 .collect();
             let q_seg = be.narrow(&qi, 0, seg.off, seg.len)?;
             let w_seg = be.narrow(&wts, 0, seg.off, seg.len)?;
-            let mut score = be.indexer_scores(&q_seg, keys, &w_seg, &vis, scale)?;
+            let mut score = be.indexer_scores(&q_seg, &keys, &w_seg, &vis, scale)?;
             if cand_src == Some(l) {
                 ctx.candidates[si] = Some(self.candidate_mask(&score, &vis, t)?);
             } else if cand_src.is_some_and(|cs| cs < l)
@@ -509,7 +514,7 @@ impl<B: Backend> Model<B> {
         let mut out = Vec::with_capacity(ctx.segs.len());
         for (si, seg) in ctx.segs.iter().enumerate() {
             let st: &SeqState<B::Tensor> = ctx.states[si];
-            let Some(keys) = st.index_keys[l].as_ref() else {
+            let Some(keys) = st.global.gather(be, GlobalPart::IndexKeys, l)? else {
                 out.push(vec![Vec::new(); seg.len]);
                 continue;
             };
@@ -519,7 +524,7 @@ impl<B: Backend> Model<B> {
                 .collect();
             let score = be.indexer_scores(
                 &be.narrow(&qi, 0, seg.off, seg.len)?,
-                keys,
+                &keys,
                 &be.narrow(&wts, 0, seg.off, seg.len)?,
                 &vis,
                 scale,
@@ -532,18 +537,6 @@ impl<B: Backend> Model<B> {
 
 fn missing(l: usize, what: &str) -> ModelError {
     ModelError::Input(format!("layer {l} has no {what} weights"))
-}
-
-fn entry_count<T: TensorInfo>(t: Option<&T>) -> usize {
-    t.map(|t| t.shape()[0]).unwrap_or(0)
-}
-
-fn append<B: Backend>(be: &B, slot: &mut Option<B::Tensor>, rows: B::Tensor) -> R<()> {
-    *slot = Some(match slot.take() {
-        Some(old) => be.concat(&[&old, &rows], 0)?,
-        None => rows,
-    });
-    Ok(())
 }
 
 /// Type alias used by forward.rs for the per-segment candidate masks.

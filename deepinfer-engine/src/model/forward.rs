@@ -313,10 +313,13 @@ impl<B: Backend> Model<B> {
                 }
                 self.record(&mut ctx, &format!("{p}.out_streams"), &x)?;
                 if ctx.states.len() == 1 {
-                    if let Some(t) = ctx.states[0].entries[l].clone() {
+                    let st = &ctx.states[0].global;
+                    let ent = st.gather(&self.be, super::global::GlobalPart::Entries, l);
+                    let keys = st.gather(&self.be, super::global::GlobalPart::IndexKeys, l);
+                    if let Some(t) = ent? {
                         self.record(&mut ctx, &format!("{p}.compressor.entries"), &t)?;
                     }
-                    if let Some(t) = ctx.states[0].index_keys[l].clone() {
+                    if let Some(t) = keys? {
                         self.record(&mut ctx, &format!("{p}.indexer.keys"), &t)?;
                     }
                 }

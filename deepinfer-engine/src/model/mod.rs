@@ -3,6 +3,7 @@
 mod attention;
 mod dspark;
 mod forward;
+mod global;
 mod prof;
 mod random;
 mod state;
@@ -10,6 +11,7 @@ mod weights;
 
 pub use dspark::Draft;
 pub use forward::{BatchItem, Logits, Trace};
+pub use global::{GlobalCache, GlobalPart, GlobalTable, SharedGlobalCache};
 pub use prof::profile_report;
 pub use random::{RandomDtype, required_tensors, write_random_checkpoint};
 pub use state::{CompressorState, SeqState};
@@ -62,6 +64,22 @@ pub struct Model<B: Backend> {
     pub(crate) cache_round_trips: bool,
     /// Production approximation: decoder-side bounded replay in prefill.
     pub(crate) decoder_replay: bool,
+    /// The paged global state (compressed entries, indexer keys) of every sequence.
+    pub(crate) global: SharedGlobalCache<B::Tensor>,
+}
+
+/// Blocks in a model's global cache (block ids only; tensors are made as blocks fill).
+pub const GLOBAL_CACHE_BLOCKS: usize = 1 << 16;
+
+/// Positions per global block: the least multiple of every compression ratio and of 32.
+fn global_block_tokens(ratios: &[usize]) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    ratios
+        .iter()
+        .filter(|&&r| r > 0)
+        .fold(32, |acc, &r| acc / gcd(acc, r) * r)
 }
 
 impl<B: Backend> std::fmt::Debug for Model<B> {
@@ -156,6 +174,11 @@ impl<B: Backend> Model<B> {
         }
         .inv_freq();
         let ones_d = be.upload_f32(&vec![1.0; cfg.hidden_size], &[1, cfg.hidden_size])?;
+        let global = std::sync::Arc::new(std::sync::Mutex::new(GlobalCache::new(
+            GLOBAL_CACHE_BLOCKS,
+            global_block_tokens(&cfg.compress_ratios),
+            &cfg.compress_ratios,
+        )?));
         Ok(Model {
             cfg,
             be,
@@ -166,6 +189,7 @@ impl<B: Backend> Model<B> {
             ones_d,
             cache_round_trips: false,
             decoder_replay: false,
+            global,
         })
     }
 
@@ -306,10 +330,16 @@ impl<B: Backend> Model<B> {
 
     /// A fresh sequence state.
     pub fn new_state(&self) -> SeqState<B::Tensor> {
-        SeqState::new(
+        SeqState::with_global(
             self.cfg.num_layers,
             self.cfg.dspark.as_ref().map(|d| d.stages).unwrap_or(0),
+            Some(self.global.clone()),
         )
+    }
+
+    /// The model's paged global cache (compressed entries and indexer keys of all sequences).
+    pub fn global_cache(&self) -> &SharedGlobalCache<B::Tensor> {
+        &self.global
     }
 
     /// Whether this model has the DSpark drafter.

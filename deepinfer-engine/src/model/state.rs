@@ -8,9 +8,11 @@
 //!   compressors, the last complete group), the token history for the Engram look-back, and
 //!   the DSpark stages' context windows.
 //!
-//! The global state lives here as contiguous per-sequence tensors, not yet in paged blocks
-//! owned by `deepinfer-kv`; [`SeqState::global_entries`] reports its size so a block manager can
-//! account for it.
+//! The global state lives in the model's paged [`super::global::GlobalCache`], read and
+//! written through the sequence's [`GlobalTable`] (block ids from `deepinfer-kv`);
+//! [`SeqState::global_entries`] reports its size.
+
+use super::global::{GlobalPart, GlobalTable, SharedGlobalCache};
 
 /// Open rows of one compressor: raw value and gate projections not yet pooled, plus (for
 /// overlapping compressors) the rows of the last complete group.
@@ -40,10 +42,8 @@ pub struct SeqState<T> {
     pub history: Vec<u32>,
     /// Per layer: the last `sliding_window - 1` K=V rows `[rows, d]`.
     pub window: Vec<Option<T>>,
-    /// Per layer: compressed entries `[T, d]` (where the layer owns them).
-    pub entries: Vec<Option<T>>,
-    /// Per layer: indexer keys `[T, di]` (where the layer owns them).
-    pub index_keys: Vec<Option<T>>,
+    /// Compressed entries and indexer keys (where the layer owns them), in paged blocks.
+    pub global: GlobalTable<T>,
     /// Per layer: the main compressor's open rows.
     pub compressor: Vec<CompressorState<T>>,
     /// Per layer: the V4 indexer compressor's open rows.
@@ -52,15 +52,20 @@ pub struct SeqState<T> {
     pub dspark_window: Vec<Option<T>>,
 }
 
-impl<T> SeqState<T> {
-    /// A fresh sequence for a model with `layers` backbone layers and `stages` drafter stages.
+impl<T: Clone> SeqState<T> {
+    /// A fresh sequence for a model with `layers` backbone layers and `stages` drafter stages,
+    /// without a global cache (it cannot hold compressed entries; see `Model::new_state`).
     pub fn new(layers: usize, stages: usize) -> Self {
+        Self::with_global(layers, stages, None)
+    }
+
+    /// [`SeqState::new`] whose global state lives in `cache`.
+    pub fn with_global(layers: usize, stages: usize, cache: Option<SharedGlobalCache<T>>) -> Self {
         SeqState {
             pos: 0,
             history: Vec::new(),
             window: (0..layers).map(|_| None).collect(),
-            entries: (0..layers).map(|_| None).collect(),
-            index_keys: (0..layers).map(|_| None).collect(),
+            global: GlobalTable::new(layers, cache),
             compressor: (0..layers).map(|_| CompressorState::default()).collect(),
             index_compressor: (0..layers).map(|_| CompressorState::default()).collect(),
             dspark_window: (0..stages).map(|_| None).collect(),
@@ -77,12 +82,11 @@ impl<T> SeqState<T> {
     }
 }
 
-impl<T: deepinfer_kernels::TensorInfo> SeqState<T> {
+impl<T: Clone> SeqState<T> {
     /// Compressed entries held per layer (0 where the layer owns none).
     pub fn global_entries(&self) -> Vec<usize> {
-        self.entries
-            .iter()
-            .map(|e| e.as_ref().map(|t| t.shape()[0]).unwrap_or(0))
+        (0..self.window.len())
+            .map(|l| self.global.count(GlobalPart::Entries, l))
             .collect()
     }
 }
