@@ -5,8 +5,8 @@ use crate::lint::{LintIssue, ParsedSource, lint_tiling};
 use crate::mx::MxFormat;
 use crate::tiling::{
     AttentionShape, AttentionTiling, FieldAbi, GemvFormat, GemvShape, GemvTiling, HcMixShape,
-    HcMixTiling, RmsNormShape, RmsNormTiling, RopeShape, RopeTiling, RouterShape, RouterTiling,
-    SamplingShape, SamplingTiling, ScoreFunc, TilingAbi,
+    HcMixTiling, KernelTiling, RmsNormShape, RmsNormTiling, RopeShape, RopeTiling, RouterShape,
+    RouterTiling, SamplingShape, SamplingTiling, ScoreFunc, TilingAbi,
 };
 
 /// The shared prelude every kernel includes as `#include "common.h"`.
@@ -51,6 +51,14 @@ pub fn expand(source: &str) -> String {
 
 const SPEC: crate::chip::ChipSpec = Chip::Ascend950.spec();
 
+/// Lints a source against its planned tiling, or reports why planning failed.
+fn lint_planned<T: KernelTiling>(planned: crate::Result<T>, p: &ParsedSource) -> Vec<LintIssue> {
+    match planned {
+        Ok(t) => lint_tiling(&t, p),
+        Err(e) => vec![LintIssue::planner(p, e)],
+    }
+}
+
 fn rmsnorm_lint(p: &ParsedSource) -> Vec<LintIssue> {
     let s = RmsNormShape {
         rows: 4,
@@ -58,10 +66,7 @@ fn rmsnorm_lint(p: &ParsedSource) -> Vec<LintIssue> {
         eps: 1e-6,
         quant: true,
     };
-    match RmsNormTiling::plan(&SPEC, &s) {
-        Ok(t) => lint_tiling(&t, p),
-        Err(e) => vec![LintIssue::planner(p, e)],
-    }
+    lint_planned(RmsNormTiling::plan(&SPEC, &s), p)
 }
 
 fn rope_lint(p: &ParsedSource) -> Vec<LintIssue> {
@@ -73,10 +78,7 @@ fn rope_lint(p: &ParsedSource) -> Vec<LintIssue> {
         table_len: 4096,
         inverse: false,
     };
-    match RopeTiling::plan(&SPEC, &s) {
-        Ok(t) => lint_tiling(&t, p),
-        Err(e) => vec![LintIssue::planner(p, e)],
-    }
+    lint_planned(RopeTiling::plan(&SPEC, &s), p)
 }
 
 fn gemv_lint(p: &ParsedSource) -> Vec<LintIssue> {
@@ -86,10 +88,7 @@ fn gemv_lint(p: &ParsedSource) -> Vec<LintIssue> {
         k: 5120,
         format: GemvFormat::Mx(MxFormat::Fp4E2M1),
     };
-    match GemvTiling::plan(&SPEC, &s) {
-        Ok(t) => lint_tiling(&t, p),
-        Err(e) => vec![LintIssue::planner(p, e)],
-    }
+    lint_planned(GemvTiling::plan(&SPEC, &s), p)
 }
 
 fn router_lint(p: &ParsedSource) -> Vec<LintIssue> {
@@ -102,10 +101,7 @@ fn router_lint(p: &ParsedSource) -> Vec<LintIssue> {
         renorm: true,
         route_scale: 1.5,
     };
-    match RouterTiling::plan(&SPEC, &s) {
-        Ok(t) => lint_tiling(&t, p),
-        Err(e) => vec![LintIssue::planner(p, e)],
-    }
+    lint_planned(RouterTiling::plan(&SPEC, &s), p)
 }
 
 fn hc_mix_lint(p: &ParsedSource) -> Vec<LintIssue> {
@@ -114,10 +110,7 @@ fn hc_mix_lint(p: &ParsedSource) -> Vec<LintIssue> {
         streams: 4,
         dim: 5120,
     };
-    match HcMixTiling::plan(&SPEC, &s) {
-        Ok(t) => lint_tiling(&t, p),
-        Err(e) => vec![LintIssue::planner(p, e)],
-    }
+    lint_planned(HcMixTiling::plan(&SPEC, &s), p)
 }
 
 fn attention_lint(p: &ParsedSource) -> Vec<LintIssue> {
@@ -129,10 +122,7 @@ fn attention_lint(p: &ParsedSource) -> Vec<LintIssue> {
         comp_rows: 4096,
         scale: 0.044,
     };
-    match AttentionTiling::plan(&SPEC, &s) {
-        Ok(t) => lint_tiling(&t, p),
-        Err(e) => vec![LintIssue::planner(p, e)],
-    }
+    lint_planned(AttentionTiling::plan(&SPEC, &s), p)
 }
 
 fn sampling_lint(p: &ParsedSource) -> Vec<LintIssue> {
@@ -140,10 +130,7 @@ fn sampling_lint(p: &ParsedSource) -> Vec<LintIssue> {
         rows: 4,
         vocab: 129_280,
     };
-    match SamplingTiling::plan(&SPEC, &s) {
-        Ok(t) => lint_tiling(&t, p),
-        Err(e) => vec![LintIssue::planner(p, e)],
-    }
+    lint_planned(SamplingTiling::plan(&SPEC, &s), p)
 }
 
 /// Every shipped kernel.

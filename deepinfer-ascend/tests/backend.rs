@@ -29,6 +29,12 @@ fn close(got: &[f32], want: &[f32], rel: f32, abs: f32, what: &str) {
     }
 }
 
+/// `x [m, k] · wᵀ` on backend `b`, with the weight already uploaded, read back as f32.
+fn matmul_host<B: Backend>(b: &B, x: &[f32], m: usize, k: usize, w: &B::Tensor) -> Vec<f32> {
+    b.download_f32(&b.matmul(&b.upload_f32(x, &[m, k]).unwrap(), w).unwrap())
+        .unwrap()
+}
+
 fn backends() -> Vec<AscendBackend> {
     vec![
         AscendBackend::emulated(Chip::Ascend950),
@@ -131,24 +137,8 @@ fn matmul_bf16_and_mx_weights_match_cpu() {
         let w = rng.vec(n * k, -0.5, 0.5);
         // bf16 weights: f32 accumulation on both sides.
         let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
-        let want = cpu
-            .download_f32(
-                &cpu.matmul(
-                    &cpu.upload_f32(&x, &[m, k]).unwrap(),
-                    &cpu.upload_bf16(&wb, &[n, k]).unwrap(),
-                )
-                .unwrap(),
-            )
-            .unwrap();
-        let got = b
-            .download_f32(
-                &b.matmul(
-                    &b.upload_f32(&x, &[m, k]).unwrap(),
-                    &b.upload_bf16(&wb, &[n, k]).unwrap(),
-                )
-                .unwrap(),
-            )
-            .unwrap();
+        let want = matmul_host(&cpu, &x, m, k, &cpu.upload_bf16(&wb, &[n, k]).unwrap());
+        let got = matmul_host(&b, &x, m, k, &b.upload_bf16(&wb, &[n, k]).unwrap());
         close(&got, &want, 1e-4, 1e-4, "matmul bf16");
         // MX weights: the Ascend path also quantises activations to MXFP8 (per-32 E4M3), so it
         // differs from the CPU's f32-activation product by that rounding: |Δ| ≤ 2^-4 Σ|x||w|.
@@ -161,20 +151,10 @@ fn matmul_bf16_and_mx_weights_match_cpu() {
             },
         ] {
             let q = QuantMatrix::quantize(&w, n, k, fmt).unwrap();
-            let want = cpu
-                .download_f32(
-                    &cpu.matmul(
-                        &cpu.upload_f32(&x, &[m, k]).unwrap(),
-                        &cpu.upload_quant(&q).unwrap(),
-                    )
-                    .unwrap(),
-                )
-                .unwrap();
+            let want = matmul_host(&cpu, &x, m, k, &cpu.upload_quant(&q).unwrap());
             let wt = b.upload_quant(&q).unwrap();
             assert!(wt.dtype().is_quantized());
-            let got = b
-                .download_f32(&b.matmul(&b.upload_f32(&x, &[m, k]).unwrap(), &wt).unwrap())
-                .unwrap();
+            let got = matmul_host(&b, &x, m, k, &wt);
             let wd = q.dequantize();
             for i in 0..m {
                 for j in 0..n {
@@ -190,24 +170,8 @@ fn matmul_bf16_and_mx_weights_match_cpu() {
             }
         }
         // f32 weights are not an Ascend kernel format: CPU reference result, bit for bit.
-        let want = cpu
-            .download_f32(
-                &cpu.matmul(
-                    &cpu.upload_f32(&x, &[m, k]).unwrap(),
-                    &cpu.upload_f32(&w, &[n, k]).unwrap(),
-                )
-                .unwrap(),
-            )
-            .unwrap();
-        let got = b
-            .download_f32(
-                &b.matmul(
-                    &b.upload_f32(&x, &[m, k]).unwrap(),
-                    &b.upload_f32(&w, &[n, k]).unwrap(),
-                )
-                .unwrap(),
-            )
-            .unwrap();
+        let want = matmul_host(&cpu, &x, m, k, &cpu.upload_f32(&w, &[n, k]).unwrap());
+        let got = matmul_host(&b, &x, m, k, &b.upload_f32(&w, &[n, k]).unwrap());
         assert_eq!(got, want);
     }
 }
