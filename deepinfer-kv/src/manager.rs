@@ -725,6 +725,20 @@ impl BlockManager {
         Ok(())
     }
 
+    /// [`BlockManager::mark_computed`] through a handle (no id lookup).
+    pub fn mark_computed_by_handle(&mut self, h: SeqHandle, num_tokens: usize) -> Result<()> {
+        let s = Self::seq_mut(&mut self.seqs, h.index as usize, h.id)?;
+        if num_tokens > s.tokens.len() {
+            return Err(KvError::ComputedPastEnd {
+                requested: num_tokens,
+                len: s.tokens.len(),
+            });
+        }
+        s.computed = s.computed.max(num_tokens);
+        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
+        Ok(())
+    }
+
     /// Removes the last `n` tokens of `seq` (rejected speculative tokens, or a truncation).
     /// Blocks left empty are released; if the new last block is partly filled and shared or
     /// cached, it is detached: a cached private block leaves the cache, a shared block is copied

@@ -196,3 +196,36 @@ fn append_token_refuses_pending_drafts_and_reports_its_slot() {
     assert_eq!(m.push_token(h, 6), Err(KvError::DraftsPending(1)));
     assert_eq!(m.commit_drafts(9, &[]), Err(KvError::UnknownSequence(9)));
 }
+
+#[test]
+fn mark_computed_by_handle_matches_mark_computed() {
+    // Two managers fed the same tokens; one reports progress by id, the other by handle.
+    let (mut a, mut b) = (manager(), manager());
+    let prompt: Vec<u32> = (0..10).collect();
+    a.allocate(1, &prompt, Default::default()).unwrap();
+    b.allocate(1, &prompt, Default::default()).unwrap();
+    let h = b.handle(1).unwrap();
+    for n in [3, 8, 9, 10] {
+        a.mark_computed(1, n).unwrap();
+        b.mark_computed_by_handle(h, n).unwrap();
+        assert_eq!(a.num_computed(1), b.num_computed(1));
+        assert_eq!(a.usage(), b.usage());
+    }
+    // Full computed blocks are cached the same way: a second prompt hits two blocks in both.
+    for m in [&mut a, &mut b] {
+        let hit = m.allocate(2, &prompt, Default::default()).unwrap();
+        assert_eq!(hit.plan.reused_tokens, 8);
+    }
+    assert_eq!(
+        b.mark_computed_by_handle(h, 11),
+        Err(KvError::ComputedPastEnd {
+            requested: 11,
+            len: 10
+        })
+    );
+    b.free(1).unwrap();
+    assert_eq!(
+        b.mark_computed_by_handle(h, 1),
+        Err(KvError::UnknownSequence(1))
+    );
+}

@@ -165,11 +165,13 @@ impl StepOutput {
     }
 
     /// Append a row group's result.
+    #[inline]
     pub fn push(&mut self, request: RequestId, tokens: &[u32], stop: bool) {
         self.push_with_confidences(request, tokens, stop, &[]);
     }
 
     /// Append a row group's result with the drafter's confidences for its next step.
+    #[inline]
     pub fn push_with_confidences(
         &mut self,
         request: RequestId,
@@ -183,8 +185,29 @@ impl StepOutput {
             num_confidences: confidences.len() as u32,
             stop,
         });
-        self.tokens.extend_from_slice(tokens);
-        self.confidences.extend_from_slice(confidences);
+        // One token is the common row: a push, not a copy call.
+        if let [t] = tokens {
+            self.tokens.push(*t);
+        } else {
+            self.tokens.extend_from_slice(tokens);
+        }
+        if !confidences.is_empty() {
+            self.confidences.extend_from_slice(confidences);
+        }
+    }
+
+    /// Append the result of a row group that sampled exactly one token (a decode
+    /// row without accepted drafts, or a chunk that reaches the end of its prompt):
+    /// the cheapest way to build an output in a decode loop.
+    #[inline]
+    pub fn push_token(&mut self, request: RequestId, token: u32, stop: bool) {
+        self.rows.push(RowOutput {
+            request,
+            num_tokens: 1,
+            num_confidences: 0,
+            stop,
+        });
+        self.tokens.push(token);
     }
 
     /// Clear for reuse.

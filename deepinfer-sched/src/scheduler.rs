@@ -132,6 +132,16 @@ impl Hasher for IdHasher {
 }
 type IdMap<V> = HashMap<RequestId, V, BuildHasherDefault<IdHasher>>;
 
+/// Where a live request's record is: a slot of the dense running slab, or of
+/// the parked slab (waiting and preempted requests). Keeping the running
+/// records apart makes them dense, whatever the number of waiting requests, so
+/// the per-step walk over them stays in a few hundred KiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Loc {
+    slot: u32,
+    parked: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Waiting,
@@ -284,13 +294,19 @@ pub struct Scheduler {
     kv: BlockManager,
     cost: Option<PrefillCostModel>,
     planner: Option<Planner>,
+    /// Running requests (dense: slots are reused, so they stay below the peak running count).
     slots: Vec<Option<Req>>,
     free_slots: Vec<u32>,
-    ids: IdMap<u32>,
+    /// Waiting (and preempted) requests.
+    parked: Vec<Option<Req>>,
+    free_parked: Vec<u32>,
+    ids: IdMap<Loc>,
     waiting: BinaryHeap<WaitKey>,
     num_waiting: usize,
-    /// Running requests by (priority desc, arrival asc); victims come off the end.
+    /// Running slots by (priority desc, arrival asc); victims come off the end.
     running: Vec<u32>,
+    /// One bit per running slot: finished during the current `update`.
+    finished_mask: Vec<u64>,
     flights: VecDeque<Flight>,
     next_arrival: u64,
     next_step: u64,
@@ -347,10 +363,13 @@ impl Scheduler {
             planner: None,
             slots: Vec::new(),
             free_slots: Vec::new(),
+            parked: Vec::new(),
+            free_parked: Vec::new(),
             ids: IdMap::default(),
             waiting: BinaryHeap::new(),
             num_waiting: 0,
             running: Vec::new(),
+            finished_mask: Vec::new(),
             flights: VecDeque::new(),
             next_arrival: 0,
             next_step: 0,
@@ -424,21 +443,100 @@ impl Scheduler {
 
     /// Token history (prompt + generated so far) of a live request.
     pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
-        let s = *self.ids.get(&id)?;
-        self.slots[s as usize].as_ref().map(|r| r.tokens.as_slice())
+        let loc = *self.ids.get(&id)?;
+        self.get(loc).map(|r| r.tokens.as_slice())
     }
 
+    fn get(&self, loc: Loc) -> Option<&Req> {
+        let slab = if loc.parked {
+            &self.parked
+        } else {
+            &self.slots
+        };
+        slab.get(loc.slot as usize)?.as_ref()
+    }
+
+    fn get_mut(&mut self, loc: Loc) -> Option<&mut Req> {
+        let slab = if loc.parked {
+            &mut self.parked
+        } else {
+            &mut self.slots
+        };
+        slab.get_mut(loc.slot as usize)?.as_mut()
+    }
+
+    /// The running request in `slot`.
     fn req(&self, slot: u32) -> &Req {
-        // Slots in the queues always hold a request; see `release`.
+        // Slots in the running list always hold a request; see `release`.
         self.slots[slot as usize]
             .as_ref()
-            .unwrap_or_else(|| unreachable!("queued slot {slot} is empty"))
+            .unwrap_or_else(|| unreachable!("running slot {slot} is empty"))
     }
 
     fn req_mut(&mut self, slot: u32) -> &mut Req {
         self.slots[slot as usize]
             .as_mut()
-            .unwrap_or_else(|| unreachable!("queued slot {slot} is empty"))
+            .unwrap_or_else(|| unreachable!("running slot {slot} is empty"))
+    }
+
+    /// Where the request of a row in flight is now, if it is still the same
+    /// request (same arrival). The fast path is its running slot; a request
+    /// preempted since lives in the parked slab, found through its id.
+    #[inline]
+    fn find_row(&self, slot: u32, id: RequestId, arrival: u64) -> Option<Loc> {
+        if let Some(Some(r)) = self.slots.get(slot as usize)
+            && r.arrival == arrival
+        {
+            return Some(Loc {
+                slot,
+                parked: false,
+            });
+        }
+        self.find_moved(id, arrival)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn find_moved(&self, id: RequestId, arrival: u64) -> Option<Loc> {
+        let loc = *self.ids.get(&id)?;
+        (self.get(loc)?.arrival == arrival).then_some(loc)
+    }
+
+    /// Put a record into a slab; returns its location.
+    fn place(&mut self, r: Req, parked: bool) -> Loc {
+        let id = r.id;
+        let (slab, free) = if parked {
+            (&mut self.parked, &mut self.free_parked)
+        } else {
+            (&mut self.slots, &mut self.free_slots)
+        };
+        let slot = match free.pop() {
+            Some(s) => {
+                slab[s as usize] = Some(r);
+                s
+            }
+            None => {
+                slab.push(Some(r));
+                (slab.len() - 1) as u32
+            }
+        };
+        let loc = Loc { slot, parked };
+        self.ids.insert(id, loc);
+        loc
+    }
+
+    /// Take a record out of its slab (its id stays mapped; the caller re-places or forgets it).
+    fn take(&mut self, loc: Loc) -> Req {
+        let (slab, free) = if loc.parked {
+            (&mut self.parked, &mut self.free_parked)
+        } else {
+            (&mut self.slots, &mut self.free_slots)
+        };
+        let r = slab[loc.slot as usize]
+            .take()
+            .unwrap_or_else(|| unreachable!("taking empty slot {loc:?}"));
+        free.push(loc.slot);
+        r
     }
 
     fn validate(&self, r: &NewRequest) -> Result<(), SchedError> {
@@ -506,18 +604,8 @@ impl Scheduler {
             confidences: Vec::new(),
             preempted_before: false,
         };
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(req);
-                s
-            }
-            None => {
-                self.slots.push(Some(req));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.ids.insert(r.id, slot);
-        self.push_waiting(slot);
+        let loc = self.place(req, true);
+        self.push_waiting(loc.slot);
         Ok(())
     }
 
@@ -529,8 +617,11 @@ impl Scheduler {
         batch.into_iter().map(|r| self.add_request(r)).collect()
     }
 
+    /// Queue the parked request in `slot`.
     fn push_waiting(&mut self, slot: u32) {
-        let r = self.req_mut(slot);
+        let r = self.parked[slot as usize]
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("parked slot {slot} is empty"));
         r.phase = Phase::Waiting;
         let key = WaitKey {
             priority: r.priority,
@@ -543,18 +634,14 @@ impl Scheduler {
     }
 
     /// Drop a request from every structure but the running list (caller's job).
-    fn release(&mut self, slot: u32) -> Req {
-        let r = self.slots[slot as usize]
-            .take()
-            .unwrap_or_else(|| unreachable!("releasing empty slot {slot}"));
+    fn release(&mut self, loc: Loc) -> Req {
+        let r = self.take(loc);
         self.ids.remove(&r.id);
-        self.free_slots.push(slot);
         r
     }
 
-    fn free_kv(&mut self, slot: u32) {
-        let r = self.req_mut(slot);
-        let id = r.id;
+    /// Drop a request's KV sequence (full computed blocks stay in the prefix cache).
+    fn free_kv(kv: &mut BlockManager, r: &mut Req) {
         let had = r.phase == Phase::Running;
         r.incarnation = r.incarnation.wrapping_add(1);
         r.scheduled = 0;
@@ -562,27 +649,22 @@ impl Scheduler {
         r.kv_drafts = 0;
         r.kv = None;
         if had {
-            // Full computed blocks go back to the prefix cache.
-            let _ = self.kv.free(id);
+            let _ = kv.free(r.id);
         }
     }
 
     /// Abort a request at any moment; returns what it generated so far. Its rows in flight are ignored when their
     /// output arrives; a pending plan's rows for it are cancelled by the next `update`.
     pub fn abort(&mut self, id: RequestId) -> Result<Finished, SchedError> {
-        let slot = *self.ids.get(&id).ok_or(SchedError::UnknownRequest(id))?;
-        let phase = self.req(slot).phase;
-        self.free_kv(slot);
-        match phase {
-            Phase::Running => {
-                if let Some(i) = self.running.iter().position(|&s| s == slot) {
-                    self.running.remove(i);
-                }
-            }
-            // The heap entry goes stale (its slot's id no longer matches) and is skipped.
-            Phase::Waiting => self.num_waiting -= 1,
+        let loc = *self.ids.get(&id).ok_or(SchedError::UnknownRequest(id))?;
+        if loc.parked {
+            // The heap entry goes stale (its slot no longer holds this arrival) and is skipped.
+            self.num_waiting -= 1;
+        } else if let Some(i) = self.running.iter().position(|&s| s == loc.slot) {
+            self.running.remove(i);
         }
-        let r = self.release(slot);
+        let mut r = self.release(loc);
+        Self::free_kv(&mut self.kv, &mut r);
         self.stats.finished += 1;
         self.pending_aborted.push(id);
         Ok(Finished {
@@ -597,38 +679,31 @@ impl Scheduler {
     /// copy is reported in the next plan's `block_copies`). The parent must not be
     /// in flight.
     pub fn fork(&mut self, parent: RequestId, child: RequestId) -> Result<(), SchedError> {
-        let pslot = *self
+        let ploc = *self
             .ids
             .get(&parent)
             .ok_or(SchedError::UnknownRequest(parent))?;
         if self.ids.contains_key(&child) {
             return Err(SchedError::DuplicateRequest(child));
         }
-        let p = self.req(pslot);
-        if p.phase != Phase::Running || p.inflight > 0 || p.kv_drafts > 0 {
+        let ok = !ploc.parked
+            && self
+                .get(ploc)
+                .is_some_and(|p| p.phase == Phase::Running && p.inflight == 0 && p.kv_drafts == 0);
+        if !ok {
             return Err(SchedError::InvalidConfig(format!(
                 "request {parent} can be forked only while running and not in flight"
             )));
         }
         let copy = self.kv.fork(parent, child)?;
-        let mut c = self.req(pslot).clone();
+        let mut c = self.req(ploc.slot).clone();
         c.id = child;
         c.arrival = self.next_arrival;
         self.next_arrival += 1;
         c.incarnation = 0;
         c.kv = self.kv.handle(child).ok();
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(c);
-                s
-            }
-            None => {
-                self.slots.push(Some(c));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.ids.insert(child, slot);
-        self.insert_running(slot);
+        let loc = self.place(c, false);
+        self.insert_running(loc.slot);
         self.pending_copies.extend(copy);
         Ok(())
     }
@@ -652,14 +727,20 @@ impl Scheduler {
         self.req_mut(slot).phase = Phase::Running;
     }
 
-    /// Preempt by recompute: free the KV (full blocks stay cached), requeue.
+    /// Preempt the running request in `slot` by recompute: free the KV (full
+    /// blocks stay cached), park and requeue it. The caller removes it from the
+    /// running list.
     fn preempt(&mut self, slot: u32, out: &mut Vec<RequestId>) {
-        self.free_kv(slot);
-        let r = self.req_mut(slot);
+        let mut r = self.take(Loc {
+            slot,
+            parked: false,
+        });
+        Self::free_kv(&mut self.kv, &mut r);
         r.preempted_before = true;
         r.kv_drafts = 0;
         let id = r.id;
-        self.push_waiting(slot);
+        let loc = self.place(r, true);
+        self.push_waiting(loc.slot);
         self.stats.preemptions += 1;
         out.push(id);
     }
@@ -863,16 +944,22 @@ impl Scheduler {
         // preempted would otherwise come straight back).
         while seqs_left > 0 && tokens_left > 0 && plan.preempted.is_empty() {
             let Some(key) = self.waiting.pop() else { break };
-            let live = self.slots[key.slot as usize].as_ref().is_some_and(|r| {
-                r.arrival == key.arrival
-                    && r.incarnation == key.incarnation
-                    && r.phase == Phase::Waiting
+            let live = self.parked.get(key.slot as usize).is_some_and(|r| {
+                r.as_ref().is_some_and(|r| {
+                    r.arrival == key.arrival
+                        && r.incarnation == key.incarnation
+                        && r.phase == Phase::Waiting
+                })
             });
             if !live {
                 continue;
             }
             self.num_waiting -= 1;
-            let r = self.req(key.slot);
+            let ploc = Loc {
+                slot: key.slot,
+                parked: true,
+            };
+            let Some(r) = self.get(ploc) else { continue };
             if r.inflight > 0 {
                 // Preempted while a step in flight still produces its tokens.
                 self.deferred.push(key);
@@ -881,12 +968,16 @@ impl Scheduler {
             let id = r.id;
             let known = r.tokens.len();
             let recompute = r.preempted_before;
+            let extra = (r.prompt_len + r.max_new_tokens)
+                .min(self.max_len)
+                .saturating_sub(known)
+                .min(RESERVE_TOKENS);
             let watermark = if self.running.is_empty() {
                 0
             } else {
                 self.kv.watermark_blocks()
             };
-            let tokens = self.slots[key.slot as usize]
+            let tokens = self.parked[key.slot as usize]
                 .as_ref()
                 .map_or(&[][..], |r| r.tokens.as_slice());
             let alloc = self.kv.allocate(
@@ -938,13 +1029,9 @@ impl Scheduler {
             let bs = self.kv.block_size();
             let handle = self.kv.handle(id).ok();
             // Room for the rest of the output (capped), so decoding does not reallocate.
-            let r = self.req(key.slot);
-            let extra = (r.prompt_len + r.max_new_tokens)
-                .min(self.max_len)
-                .saturating_sub(known)
-                .min(RESERVE_TOKENS);
             let _ = self.kv.reserve(id, extra);
-            let r = self.req_mut(key.slot);
+            // Admitted: the record moves to the dense running slab.
+            let mut r = self.take(ploc);
             r.tokens.reserve(extra);
             r.kv_len = known;
             r.kv_drafts = 0;
@@ -955,7 +1042,8 @@ impl Scheduler {
             r.inflight += 1;
             r.sampling_inflight = samples;
             let incarnation = r.incarnation;
-            self.insert_running(key.slot);
+            let slot = self.place(r, false).slot;
+            self.insert_running(slot);
             features.add(q, reused);
             if let Some(c) = coef {
                 time_left -= c.chunk(q, reused);
@@ -969,7 +1057,7 @@ impl Scheduler {
                 samples,
             });
             prefill_rows.push(FlightRow {
-                slot: key.slot,
+                slot,
                 id,
                 arrival: key.arrival,
                 incarnation,
@@ -1023,8 +1111,30 @@ impl Scheduler {
     }
 
     /// Append the known input token and `k` placeholder drafts of a decode row.
-    #[inline]
+    #[inline(always)]
     fn append_rows(&mut self, slot: u32, k: usize, reserved: usize) -> bool {
+        // Common case: one token into a block with room, no drafts. Only a length
+        // increment and a token write in the block manager; block allocation (and
+        // the reservation check it needs) happens at block boundaries only.
+        if k == 0
+            && let Some(r) = self.slots[slot as usize].as_mut()
+            && r.kv_room > 0
+            && reserved <= self.kv.pool().num_free()
+            && let Some(h) = r.kv
+        {
+            if self.kv.push_token(h, r.last_token).is_err() {
+                return false;
+            }
+            r.kv_len += 1;
+            r.kv_room -= 1;
+            r.kv_drafts = 0;
+            return true;
+        }
+        self.append_rows_slow(slot, k, reserved)
+    }
+
+    #[inline(never)]
+    fn append_rows_slow(&mut self, slot: u32, k: usize, reserved: usize) -> bool {
         let bs = self.kv.block_size();
         let free = self.kv.pool().num_free();
         let Some(r) = self.slots[slot as usize].as_mut() else {
@@ -1164,8 +1274,10 @@ impl Scheduler {
             any_finished |= self.apply_row(fr, out, &mut cur, &mut res)?;
         }
         if any_finished {
-            let slots = &self.slots;
-            self.running.retain(|&s| slots[s as usize].is_some());
+            let mask = &self.finished_mask;
+            self.running
+                .retain(|&s| mask[s as usize / 64] & (1 << (s % 64)) == 0);
+            self.finished_mask.fill(0);
         }
 
         // Cost models learn from the measured step.
@@ -1198,7 +1310,7 @@ impl Scheduler {
     }
 
     /// Applies one row group of an output (see `update`); true when a running
-    /// request finished.
+    /// request finished (its bit is set in `finished_mask`).
     #[inline(always)]
     fn apply_row(
         &mut self,
@@ -1212,46 +1324,55 @@ impl Scheduler {
         }
         let o = out.rows[cur.row];
         cur.row += 1;
-        let toks = &out.tokens[cur.tok..cur.tok + o.num_tokens as usize];
-        cur.tok += o.num_tokens as usize;
-        let confs = &out.confidences[cur.conf..cur.conf + o.num_confidences as usize];
-        cur.conf += o.num_confidences as usize;
+        let nt = o.num_tokens as usize;
+        let toks = &out.tokens[cur.tok..cur.tok + nt];
+        cur.tok += nt;
+        let nc = o.num_confidences as usize;
+        let confs = &out.confidences[cur.conf..cur.conf + nc];
+        cur.conf += nc;
         // Aborted meanwhile (slot freed or reused by another request): ignore.
-        let Some(r) = self.slots[fr.slot as usize].as_mut() else {
+        let Some(loc) = self.find_row(fr.slot, fr.id, fr.arrival) else {
             return Ok(false);
         };
-        if r.arrival != fr.arrival {
+        let slab = if loc.parked {
+            &mut self.parked
+        } else {
+            &mut self.slots
+        };
+        let Some(r) = slab[loc.slot as usize].as_mut() else {
             return Ok(false);
-        }
+        };
         r.inflight -= 1;
-        let same_kv = r.incarnation == fr.incarnation && r.phase == Phase::Running;
+        // Still the KV sequence the row was planned on (running, not preempted since).
+        let kv =
+            r.kv.filter(|_| !loc.parked && r.incarnation == fr.incarnation);
         match fr.kind {
             RowKind::Prefill { start, len, .. } => {
-                if same_kv {
-                    self.kv.mark_computed(r.id, start + len)?;
+                if let Some(h) = kv {
+                    self.kv.mark_computed_by_handle(h, start + len)?;
                 }
             }
             RowKind::Decode { drafts, .. } => {
                 let accepted = toks.len().saturating_sub(1).min(drafts);
-                if same_kv {
-                    let bs = self.kv.block_size();
+                if let Some(h) = kv {
                     if r.kv_drafts > 0 {
                         // Accepted drafts keep their slots and get their real ids;
                         // the rest are rolled back.
+                        let bs = self.kv.block_size();
                         let n = accepted.min(r.kv_drafts);
                         if let Some(c) = self.kv.commit_drafts(r.id, &toks[..n])? {
                             self.pending_copies.push(c);
                         }
                         r.kv_room = room_after(r.kv_len + n, bs);
+                        r.kv_drafts = 0;
                     }
                     r.kv_len += accepted;
-                    r.kv_drafts = 0;
                     // Accepted drafts were computed by this step.
                     r.scheduled += accepted;
                     // Only full blocks become cacheable: tell the manager when one fills.
                     if r.kv_len >= r.next_full {
-                        self.kv.mark_computed(r.id, r.kv_len)?;
-                        r.next_full = next_block_end(r.kv_len, bs);
+                        self.kv.mark_computed_by_handle(h, r.kv_len)?;
+                        r.next_full = next_block_end(r.kv_len, self.kv.block_size());
                     }
                 }
             }
@@ -1262,7 +1383,7 @@ impl Scheduler {
         if toks.is_empty() {
             return Ok(false);
         }
-        if !confs.is_empty() || r.has_confs {
+        if r.has_confs || !confs.is_empty() {
             r.confidences.clear();
             r.confidences.extend_from_slice(confs);
             r.has_confs = !confs.is_empty();
@@ -1284,26 +1405,38 @@ impl Scheduler {
         if reason.is_none() && o.stop {
             reason = Some(FinishReason::Stop);
         }
-        let mut any_finished = false;
-        if let Some(reason) = reason {
-            let slot = fr.slot;
-            let phase = r.phase;
-            self.free_kv(slot);
-            if phase == Phase::Waiting {
-                // Preempted while in flight: its heap entry goes stale.
-                self.num_waiting -= 1;
-            } else {
-                any_finished = true;
+        match reason {
+            None => Ok(false),
+            Some(reason) => {
+                self.finish(loc, reason, res);
+                Ok(!loc.parked)
             }
-            let r = self.release(slot);
-            self.stats.finished += 1;
-            res.finished.push(Finished {
-                id: r.id,
-                reason,
-                output: r.tokens[r.prompt_len..].to_vec(),
-            });
         }
-        Ok(any_finished)
+    }
+
+    /// A request finished with a step's output: free it and report it.
+    #[cold]
+    #[inline(never)]
+    fn finish(&mut self, loc: Loc, reason: FinishReason, res: &mut UpdateResult) {
+        let mut r = self.release(loc);
+        Self::free_kv(&mut self.kv, &mut r);
+        if loc.parked {
+            // Preempted while in flight: its heap entry goes stale.
+            self.num_waiting -= 1;
+        } else {
+            // Covers every running slot, so the retain in `update` can index it.
+            let words = self.slots.len().div_ceil(64);
+            if self.finished_mask.len() < words {
+                self.finished_mask.resize(words, 0);
+            }
+            self.finished_mask[loc.slot as usize / 64] |= 1 << (loc.slot % 64);
+        }
+        self.stats.finished += 1;
+        res.finished.push(Finished {
+            id: r.id,
+            reason,
+            output: r.tokens[r.prompt_len..].to_vec(),
+        });
     }
 
     /// Materialise the provisional rows of the plan still pending, now that the
@@ -1318,17 +1451,17 @@ impl Scheduler {
             if fr.cancelled {
                 continue;
             }
-            let same_req = self.slots[fr.slot as usize]
-                .as_ref()
-                .is_some_and(|r| r.arrival == fr.arrival);
-            let alive = same_req
-                && self.req(fr.slot).incarnation == fr.incarnation
-                && self.req(fr.slot).phase == Phase::Running;
-            if !alive {
+            let loc = self.find_row(fr.slot, fr.id, fr.arrival);
+            let live = loc.filter(|l| {
+                !l.parked
+                    && self
+                        .get(*l)
+                        .is_some_and(|r| r.incarnation == fr.incarnation)
+            });
+            let Some(Loc { slot, .. }) = live else {
                 // Finished, aborted or preempted: its rows must not run.
                 fr_mut.cancelled = true;
-                if same_req {
-                    let r = self.req_mut(fr.slot);
+                if let Some(r) = loc.and_then(|l| self.get_mut(l)) {
                     r.inflight = r.inflight.saturating_sub(1);
                     if r.inflight == 0 {
                         r.sampling_inflight = false;
@@ -1340,7 +1473,7 @@ impl Scheduler {
                 };
                 res.fixes.push(PlanFix::Cancel(fr.id));
                 continue;
-            }
+            };
             let RowKind::Decode {
                 position,
                 drafts,
@@ -1349,10 +1482,10 @@ impl Scheduler {
             else {
                 continue;
             };
-            let known = self.req(fr.slot).tokens.len();
+            let known = self.req(slot).tokens.len();
             let actual = known - 1;
-            if self.append_rows(fr.slot, drafts, 0) {
-                let r = self.req_mut(fr.slot);
+            if self.append_rows(slot, drafts, 0) {
+                let r = self.req_mut(slot);
                 r.scheduled = known;
                 fr_mut.kind = RowKind::Decode {
                     position: actual,
@@ -1370,15 +1503,15 @@ impl Scheduler {
                 // The reservation should make this unreachable; stay safe anyway.
                 fr_mut.cancelled = true;
                 removed_tokens += 1 + drafts;
-                let id = self.req(fr.slot).id;
+                let id = self.req(slot).id;
                 res.fixes.push(PlanFix::Cancel(id));
-                let r = self.req_mut(fr.slot);
+                let r = self.req_mut(slot);
                 r.inflight = r.inflight.saturating_sub(1);
                 r.sampling_inflight = false;
-                if let Some(i) = self.running.iter().position(|&s| s == fr.slot) {
+                if let Some(i) = self.running.iter().position(|&s| s == slot) {
                     self.running.remove(i);
                 }
-                self.preempt(fr.slot, &mut res.preempted);
+                self.preempt(slot, &mut res.preempted);
             }
         }
         pending.num_tokens -= removed_tokens;

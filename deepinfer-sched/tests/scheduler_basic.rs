@@ -336,3 +336,16 @@ fn without_chunking_prompts_run_whole() {
     let (done, _) = drive_sync(&mut s, 100);
     check_outputs(&done, &[(1, 40, 3), (2, 30, 3)]);
 }
+
+#[test]
+fn push_token_builds_the_same_output_as_push() {
+    let mut a = StepOutput::new(3);
+    let mut b = StepOutput::new(3);
+    a.push(1, &[5], false);
+    a.push(2, &[], false);
+    a.push(3, &[6], true);
+    b.push_token(1, 5, false);
+    b.push(2, &[], false);
+    b.push_token(3, 6, true);
+    assert_eq!(a, b);
+}

@@ -56,13 +56,13 @@ pub fn step(
     out.clear(plan.step);
     for c in &plan.prefill {
         if c.samples {
-            out.push(c.request, &[1], false);
+            out.push_token(c.request, 1, false);
         } else {
             out.push(c.request, &[], false);
         }
     }
     for d in &plan.decode {
-        out.push(d.request, &[1], false);
+        out.push_token(d.request, 1, false);
     }
     let t1 = Instant::now();
     let res = s.update(out).unwrap();
