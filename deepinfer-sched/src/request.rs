@@ -153,6 +153,14 @@ pub struct StepOutput {
     pub confidences: Vec<f64>,
     /// Measured step time in ms, fed to the cost models.
     pub step_ms: Option<f64>,
+    /// Dense form of the decode rows' results (the fast path of a decode loop):
+    /// when not empty, it holds exactly one sampled token per decode row of the
+    /// plan, in the plan's order, and `rows` / `tokens` / `confidences` hold only
+    /// the prefill chunks' groups. The dense form carries no accepted drafts,
+    /// stop flags or confidences, and `update` checks only its length (not the
+    /// request of each row); a step that needs any of those uses `rows` for every
+    /// row group. Fill it with [`StepOutput::push_decode`].
+    pub decode_tokens: Vec<u32>,
 }
 
 impl StepOutput {
@@ -210,12 +218,21 @@ impl StepOutput {
         self.tokens.push(token);
     }
 
+    /// Append the sampled token of the next decode row in dense form (see
+    /// [`StepOutput::decode_tokens`]): the prefill chunks' groups go through
+    /// [`StepOutput::push`], the decode rows through this, in plan order.
+    #[inline]
+    pub fn push_decode(&mut self, token: u32) {
+        self.decode_tokens.push(token);
+    }
+
     /// Clear for reuse.
     pub fn clear(&mut self, step: u64) {
         self.step = step;
         self.rows.clear();
         self.tokens.clear();
         self.confidences.clear();
+        self.decode_tokens.clear();
         self.step_ms = None;
     }
 }

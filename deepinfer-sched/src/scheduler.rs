@@ -22,8 +22,8 @@ use deepinfer_spec::Planner;
 use crate::cost_model::{PrefillCostModel, StepFeatures, StepSample};
 use crate::error::SchedError;
 use crate::request::{
-    DecodeRow, FinishReason, Finished, NewRequest, PlanFix, PrefillChunk, RequestId, StepOutput,
-    StepPlan, UpdateResult,
+    DecodeRow, FinishReason, Finished, NewRequest, PlanFix, PrefillChunk, RequestId, RowOutput,
+    StepOutput, StepPlan, UpdateResult,
 };
 
 /// Token id written into the KV manager for draft rows, whose ids the
@@ -226,20 +226,7 @@ impl PartialOrd for WaitKey {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-enum RowKind {
-    Prefill {
-        start: usize,
-        len: usize,
-        samples: bool,
-    },
-    Decode {
-        position: usize,
-        drafts: usize,
-        provisional: bool,
-    },
-}
-
+/// A prefill chunk in flight.
 #[derive(Debug, Clone, Copy)]
 struct FlightRow {
     slot: u32,
@@ -247,7 +234,24 @@ struct FlightRow {
     id: RequestId,
     arrival: u64,
     incarnation: u32,
-    kind: RowKind,
+    start: usize,
+    len: usize,
+    samples: bool,
+    /// Cancelled by a later update: the engine drops it, the output skips it.
+    cancelled: bool,
+}
+
+/// A decode row in flight (40 bytes: the decode list is the long one).
+#[derive(Debug, Clone, Copy)]
+struct DecodeFlight {
+    /// The request's id and unique arrival number (a freed slot may be reused).
+    id: RequestId,
+    arrival: u64,
+    position: usize,
+    slot: u32,
+    incarnation: u32,
+    drafts: u32,
+    provisional: bool,
     /// Cancelled by a later update: the engine drops it, the output skips it.
     cancelled: bool,
 }
@@ -258,7 +262,7 @@ struct Flight {
     /// Row groups in output order: the prefill chunks, then the decode rows
     /// (two vectors, so the large decode list is never copied).
     prefill: Vec<FlightRow>,
-    rows: Vec<FlightRow>,
+    rows: Vec<DecodeFlight>,
     features: StepFeatures,
     num_tokens: usize,
 }
@@ -269,6 +273,22 @@ struct OutCursor {
     row: usize,
     tok: usize,
     conf: usize,
+}
+
+impl OutCursor {
+    /// The next row group of a checked output with its tokens and confidences.
+    #[inline(always)]
+    fn next<'a>(&mut self, out: &'a StepOutput) -> (RowOutput, &'a [u32], &'a [f64]) {
+        let o = out.rows[self.row];
+        self.row += 1;
+        let nt = o.num_tokens as usize;
+        let toks = &out.tokens[self.tok..self.tok + nt];
+        self.tok += nt;
+        let nc = o.num_confidences as usize;
+        let confs = &out.confidences[self.conf..self.conf + nc];
+        self.conf += nc;
+        (o, toks, confs)
+    }
 }
 
 /// Counters over the scheduler's life.
@@ -316,13 +336,42 @@ pub struct Scheduler {
     // Scratch reused across steps.
     deferred: Vec<WaitKey>,
     /// Row vectors of updated steps, reused by the next plans.
-    spare_rows: Vec<(Vec<FlightRow>, Vec<FlightRow>)>,
+    spare_rows: Vec<(Vec<FlightRow>, Vec<DecodeFlight>)>,
     draft_plan: Vec<usize>,
     slot_scratch: Vec<deepinfer_kv::Slot>,
 }
 
 fn div_ceil(a: usize, b: usize) -> usize {
     a.div_ceil(b)
+}
+
+/// Appends a row group's sampled tokens to its request's history, up to the
+/// first stop, the token limit or the context limit; the reason when the
+/// request is done.
+#[inline(always)]
+fn take_sampled(r: &mut Req, toks: &[u32], confs: &[f64], stop: bool) -> Option<FinishReason> {
+    if r.inflight == 0 {
+        r.sampling_inflight = false;
+    }
+    if toks.is_empty() {
+        return None;
+    }
+    if r.has_confs || !confs.is_empty() {
+        r.confidences.clear();
+        r.confidences.extend_from_slice(confs);
+        r.has_confs = !confs.is_empty();
+    }
+    for &t in toks {
+        r.tokens.push(t);
+        r.last_token = t;
+        if r.has_stops && r.stop_tokens.contains(&t) {
+            return Some(FinishReason::Stop);
+        }
+        if r.tokens.len() >= r.limit {
+            return Some(FinishReason::Length);
+        }
+    }
+    stop.then_some(FinishReason::Stop)
 }
 
 /// Blocks a sequence with `room` free slots in its last block allocates to
@@ -801,6 +850,8 @@ impl Scheduler {
             |quad: u64, lin: u64| coef.map_or(0.0, |c| c.a * quad as f64 + c.b * lin as f64);
         self.plan_drafts();
 
+        let no_drafts = self.draft_plan.is_empty();
+
         // Running requests first, in priority / arrival order.
         let mut i = 0;
         while i < self.running.len() {
@@ -808,6 +859,48 @@ impl Scheduler {
                 break;
             }
             let slot = self.running[i];
+            // Steady decode: the input token is known, no drafts, room in the last
+            // block. It reads and writes only the request's hot lines, the end of
+            // its KV sequence and the two row lists; blocks are allocated (and
+            // checked against reservations) on the general path, once per block.
+            if no_drafts
+                && reserved_blocks <= self.kv.pool().num_free()
+                && let Some(r) = self.slots[slot as usize].as_mut()
+                && r.scheduled + 1 == r.tokens.len()
+                && r.kv_room > 0
+                && let Some(h) = r.kv
+                && self.kv.push_token(h, r.last_token).is_ok()
+            {
+                let position = r.scheduled;
+                r.kv_len += 1;
+                r.kv_room -= 1;
+                r.kv_drafts = 0;
+                r.scheduled = position + 1;
+                r.inflight += 1;
+                r.sampling_inflight = true;
+                dec_quad += (1 + position) as u64;
+                dec_lin += (1 + position) as u64;
+                tokens_left -= 1;
+                seqs_left -= 1;
+                plan.decode.push(DecodeRow {
+                    request: r.id,
+                    position,
+                    drafts: 0,
+                    provisional: false,
+                });
+                decode_rows.push(DecodeFlight {
+                    id: r.id,
+                    arrival: r.arrival,
+                    position,
+                    slot,
+                    incarnation: r.incarnation,
+                    drafts: 0,
+                    provisional: false,
+                    cancelled: false,
+                });
+                i += 1;
+                continue;
+            }
             let r = self.req(slot);
             let known = r.tokens.len();
             if r.scheduled + 1 < known {
@@ -850,11 +943,9 @@ impl Scheduler {
                     id,
                     arrival,
                     incarnation,
-                    kind: RowKind::Prefill {
-                        start,
-                        len: q,
-                        samples,
-                    },
+                    start,
+                    len: q,
+                    samples,
                     cancelled: false,
                 });
                 i += 1;
@@ -924,16 +1015,14 @@ impl Scheduler {
                 drafts: k,
                 provisional,
             });
-            decode_rows.push(FlightRow {
-                slot,
+            decode_rows.push(DecodeFlight {
                 id,
                 arrival,
+                position,
+                slot,
                 incarnation,
-                kind: RowKind::Decode {
-                    position,
-                    drafts: k,
-                    provisional,
-                },
+                drafts: k as u32,
+                provisional,
                 cancelled: false,
             });
             i += 1;
@@ -1061,11 +1150,9 @@ impl Scheduler {
                 id,
                 arrival: key.arrival,
                 incarnation,
-                kind: RowKind::Prefill {
-                    start: reused,
-                    len: q,
-                    samples,
-                },
+                start: reused,
+                len: q,
+                samples,
                 cancelled: false,
             });
         }
@@ -1223,11 +1310,9 @@ impl Scheduler {
             )));
         }
         // Check every row before changing anything, so a bad output is rejected whole.
+        let dense = !out.decode_tokens.is_empty();
         let (mut j, mut ntok, mut nconf) = (0usize, 0usize, 0usize);
-        for fr in flight.prefill.iter().chain(&flight.rows) {
-            if fr.cancelled {
-                continue;
-            }
+        let mut check = |id: RequestId, min: usize, max: usize| {
             let Some(o) = out.rows.get(j) else {
                 return Err(SchedError::OutputMismatch(format!(
                     "{} row groups for a plan of more",
@@ -1235,19 +1320,33 @@ impl Scheduler {
                 )));
             };
             let n = o.num_tokens as usize;
-            let (min, max) = match fr.kind {
-                RowKind::Prefill { samples, .. } => (usize::from(samples), usize::from(samples)),
-                RowKind::Decode { drafts, .. } => (1, 1 + drafts),
-            };
-            if o.request != fr.id || n < min || n > max {
+            if o.request != id || n < min || n > max {
                 return Err(SchedError::OutputMismatch(format!(
-                    "row {j} expected request {} with {min}..={max} tokens, got {} with {n}",
-                    fr.id, o.request
+                    "row {j} expected request {id} with {min}..={max} tokens, got {} with {n}",
+                    o.request
                 )));
             }
             ntok += n;
             nconf += o.num_confidences as usize;
             j += 1;
+            Ok(())
+        };
+        for fr in flight.prefill.iter().filter(|f| !f.cancelled) {
+            let n = usize::from(fr.samples);
+            check(fr.id, n, n)?;
+        }
+        if dense {
+            let live = flight.rows.iter().filter(|f| !f.cancelled).count();
+            if live != out.decode_tokens.len() {
+                return Err(SchedError::OutputMismatch(format!(
+                    "{} dense decode tokens for a plan of {live} decode rows",
+                    out.decode_tokens.len()
+                )));
+            }
+        } else {
+            for fr in flight.rows.iter().filter(|f| !f.cancelled) {
+                check(fr.id, 1, 1 + fr.drafts as usize)?;
+            }
         }
         if out.rows.len() != j {
             return Err(SchedError::OutputMismatch(format!(
@@ -1266,12 +1365,22 @@ impl Scheduler {
         let mut res = UpdateResult::default();
         let mut cur = OutCursor::default();
         let mut any_finished = false;
-        // Two loops over one inlined row handler: the decode loop is the hot one.
-        for fr in &flight.prefill {
-            any_finished |= self.apply_row(fr, out, &mut cur, &mut res)?;
+        for fr in flight.prefill.iter().filter(|f| !f.cancelled) {
+            let (o, toks, confs) = cur.next(out);
+            any_finished |= self.apply_prefill(fr, toks, confs, o.stop, &mut res)?;
         }
-        for fr in &flight.rows {
-            any_finished |= self.apply_row(fr, out, &mut cur, &mut res)?;
+        if dense {
+            // One token per live decode row, in row order: nothing else to read.
+            let live = flight.rows.iter().filter(|f| !f.cancelled);
+            for (fr, t) in live.zip(&out.decode_tokens) {
+                any_finished |=
+                    self.apply_decode(fr, std::slice::from_ref(t), &[], false, &mut res)?;
+            }
+        } else {
+            for fr in flight.rows.iter().filter(|f| !f.cancelled) {
+                let (o, toks, confs) = cur.next(out);
+                any_finished |= self.apply_decode(fr, toks, confs, o.stop, &mut res)?;
+            }
         }
         if any_finished {
             let mask = &self.finished_mask;
@@ -1309,27 +1418,16 @@ impl Scheduler {
         Ok(res)
     }
 
-    /// Applies one row group of an output (see `update`); true when a running
+    /// Applies a prefill chunk's result (see `update`); true when a running
     /// request finished (its bit is set in `finished_mask`).
-    #[inline(always)]
-    fn apply_row(
+    fn apply_prefill(
         &mut self,
         fr: &FlightRow,
-        out: &StepOutput,
-        cur: &mut OutCursor,
+        toks: &[u32],
+        confs: &[f64],
+        stop: bool,
         res: &mut UpdateResult,
     ) -> Result<bool, SchedError> {
-        if fr.cancelled {
-            return Ok(false);
-        }
-        let o = out.rows[cur.row];
-        cur.row += 1;
-        let nt = o.num_tokens as usize;
-        let toks = &out.tokens[cur.tok..cur.tok + nt];
-        cur.tok += nt;
-        let nc = o.num_confidences as usize;
-        let confs = &out.confidences[cur.conf..cur.conf + nc];
-        cur.conf += nc;
         // Aborted meanwhile (slot freed or reused by another request): ignore.
         let Some(loc) = self.find_row(fr.slot, fr.id, fr.arrival) else {
             return Ok(false);
@@ -1344,80 +1442,75 @@ impl Scheduler {
         };
         r.inflight -= 1;
         // Still the KV sequence the row was planned on (running, not preempted since).
-        let kv =
-            r.kv.filter(|_| !loc.parked && r.incarnation == fr.incarnation);
-        match fr.kind {
-            RowKind::Prefill { start, len, .. } => {
-                if let Some(h) = kv {
-                    self.kv.mark_computed_by_handle(h, start + len)?;
-                }
-            }
-            RowKind::Decode { drafts, .. } => {
-                let accepted = toks.len().saturating_sub(1).min(drafts);
-                if let Some(h) = kv {
-                    if r.kv_drafts > 0 {
-                        // Accepted drafts keep their slots and get their real ids;
-                        // the rest are rolled back.
-                        let bs = self.kv.block_size();
-                        let n = accepted.min(r.kv_drafts);
-                        if let Some(c) = self.kv.commit_drafts(r.id, &toks[..n])? {
-                            self.pending_copies.push(c);
-                        }
-                        r.kv_room = room_after(r.kv_len + n, bs);
-                        r.kv_drafts = 0;
-                    }
-                    r.kv_len += accepted;
-                    // Accepted drafts were computed by this step.
-                    r.scheduled += accepted;
-                    // Only full blocks become cacheable: tell the manager when one fills.
-                    if r.kv_len >= r.next_full {
-                        self.kv.mark_computed_by_handle(h, r.kv_len)?;
-                        r.next_full = next_block_end(r.kv_len, self.kv.block_size());
-                    }
-                }
-            }
+        if let Some(h) =
+            r.kv.filter(|_| !loc.parked && r.incarnation == fr.incarnation)
+        {
+            self.kv.mark_computed_by_handle(h, fr.start + fr.len)?;
         }
-        if r.inflight == 0 {
-            r.sampling_inflight = false;
-        }
-        if toks.is_empty() {
-            return Ok(false);
-        }
-        if r.has_confs || !confs.is_empty() {
-            r.confidences.clear();
-            r.confidences.extend_from_slice(confs);
-            r.has_confs = !confs.is_empty();
-        }
-        // Append tokens up to the first stop, the token limit or the context limit.
-        let mut reason = None;
-        for &t in toks {
-            r.tokens.push(t);
-            r.last_token = t;
-            if r.has_stops && r.stop_tokens.contains(&t) {
-                reason = Some(FinishReason::Stop);
-            } else if r.tokens.len() >= r.limit {
-                reason = Some(FinishReason::Length);
-            }
-            if reason.is_some() {
-                break;
-            }
-        }
-        if reason.is_none() && o.stop {
-            reason = Some(FinishReason::Stop);
-        }
-        match reason {
-            None => Ok(false),
-            Some(reason) => {
-                self.finish(loc, reason, res);
-                Ok(!loc.parked)
-            }
-        }
+        Ok(match take_sampled(r, toks, confs, stop) {
+            None => false,
+            Some(reason) => self.finish(loc, reason, res),
+        })
     }
 
-    /// A request finished with a step's output: free it and report it.
+    /// Applies a decode row's result (see `update`); true when a running request
+    /// finished (its bit is set in `finished_mask`).
+    #[inline(always)]
+    fn apply_decode(
+        &mut self,
+        fr: &DecodeFlight,
+        toks: &[u32],
+        confs: &[f64],
+        stop: bool,
+        res: &mut UpdateResult,
+    ) -> Result<bool, SchedError> {
+        let Some(loc) = self.find_row(fr.slot, fr.id, fr.arrival) else {
+            return Ok(false);
+        };
+        let slab = if loc.parked {
+            &mut self.parked
+        } else {
+            &mut self.slots
+        };
+        let Some(r) = slab[loc.slot as usize].as_mut() else {
+            return Ok(false);
+        };
+        r.inflight -= 1;
+        if let Some(h) =
+            r.kv.filter(|_| !loc.parked && r.incarnation == fr.incarnation)
+        {
+            let accepted = toks.len().saturating_sub(1).min(fr.drafts as usize);
+            if r.kv_drafts > 0 {
+                // Accepted drafts keep their slots and get their real ids;
+                // the rest are rolled back.
+                let bs = self.kv.block_size();
+                let n = accepted.min(r.kv_drafts);
+                if let Some(c) = self.kv.commit_drafts(r.id, &toks[..n])? {
+                    self.pending_copies.push(c);
+                }
+                r.kv_room = room_after(r.kv_len + n, bs);
+                r.kv_drafts = 0;
+            }
+            r.kv_len += accepted;
+            // Accepted drafts were computed by this step.
+            r.scheduled += accepted;
+            // Only full blocks become cacheable: tell the manager when one fills.
+            if r.kv_len >= r.next_full {
+                self.kv.mark_computed_by_handle(h, r.kv_len)?;
+                r.next_full = next_block_end(r.kv_len, self.kv.block_size());
+            }
+        }
+        Ok(match take_sampled(r, toks, confs, stop) {
+            None => false,
+            Some(reason) => self.finish(loc, reason, res),
+        })
+    }
+
+    /// A request finished with a step's output: free it and report it; true
+    /// when it was running (its bit is then set in `finished_mask`).
     #[cold]
     #[inline(never)]
-    fn finish(&mut self, loc: Loc, reason: FinishReason, res: &mut UpdateResult) {
+    fn finish(&mut self, loc: Loc, reason: FinishReason, res: &mut UpdateResult) -> bool {
         let mut r = self.release(loc);
         Self::free_kv(&mut self.kv, &mut r);
         if loc.parked {
@@ -1437,6 +1530,28 @@ impl Scheduler {
             reason,
             output: r.tokens[r.prompt_len..].to_vec(),
         });
+        !loc.parked
+    }
+
+    /// The running slot of a row of the pending plan, when its request is still
+    /// running on the KV sequence the row was planned on; otherwise the row is
+    /// cancelled (its request finished, was aborted or preempted) and its
+    /// request, if still live, no longer counts it in flight.
+    fn pending_live(&mut self, slot: u32, id: RequestId, arrival: u64, inc: u32) -> Option<u32> {
+        let loc = self.find_row(slot, id, arrival);
+        if let Some(l) = loc
+            && !l.parked
+            && self.get(l).is_some_and(|r| r.incarnation == inc)
+        {
+            return Some(l.slot);
+        }
+        if let Some(r) = loc.and_then(|l| self.get_mut(l)) {
+            r.inflight = r.inflight.saturating_sub(1);
+            if r.inflight == 0 {
+                r.sampling_inflight = false;
+            }
+        }
+        None
     }
 
     /// Materialise the provisional rows of the plan still pending, now that the
@@ -1446,65 +1561,44 @@ impl Scheduler {
             return;
         };
         let mut removed_tokens = 0;
-        for fr_mut in pending.prefill.iter_mut().chain(pending.rows.iter_mut()) {
-            let fr = *fr_mut;
-            if fr.cancelled {
-                continue;
+        for fr in pending.prefill.iter_mut().filter(|f| !f.cancelled) {
+            if self
+                .pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation)
+                .is_none()
+            {
+                fr.cancelled = true;
+                removed_tokens += fr.len;
+                res.fixes.push(PlanFix::Cancel(fr.id));
             }
-            let loc = self.find_row(fr.slot, fr.id, fr.arrival);
-            let live = loc.filter(|l| {
-                !l.parked
-                    && self
-                        .get(*l)
-                        .is_some_and(|r| r.incarnation == fr.incarnation)
-            });
-            let Some(Loc { slot, .. }) = live else {
-                // Finished, aborted or preempted: its rows must not run.
-                fr_mut.cancelled = true;
-                if let Some(r) = loc.and_then(|l| self.get_mut(l)) {
-                    r.inflight = r.inflight.saturating_sub(1);
-                    if r.inflight == 0 {
-                        r.sampling_inflight = false;
-                    }
-                }
-                removed_tokens += match fr.kind {
-                    RowKind::Prefill { len, .. } => len,
-                    RowKind::Decode { drafts, .. } => 1 + drafts,
-                };
+        }
+        for fr in pending.rows.iter_mut().filter(|f| !f.cancelled) {
+            let drafts = fr.drafts as usize;
+            let Some(slot) = self.pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation) else {
+                fr.cancelled = true;
+                removed_tokens += 1 + drafts;
                 res.fixes.push(PlanFix::Cancel(fr.id));
                 continue;
             };
-            let RowKind::Decode {
-                position,
-                drafts,
-                provisional: true,
-            } = fr.kind
-            else {
+            if !fr.provisional {
                 continue;
-            };
+            }
             let known = self.req(slot).tokens.len();
             let actual = known - 1;
             if self.append_rows(slot, drafts, 0) {
-                let r = self.req_mut(slot);
-                r.scheduled = known;
-                fr_mut.kind = RowKind::Decode {
-                    position: actual,
-                    drafts,
-                    provisional: false,
-                };
-                let id = r.id;
-                if actual != position {
+                self.req_mut(slot).scheduled = known;
+                fr.provisional = false;
+                if actual != fr.position {
+                    fr.position = actual;
                     res.fixes.push(PlanFix::Position {
-                        request: id,
+                        request: fr.id,
                         position: actual,
                     });
                 }
             } else {
                 // The reservation should make this unreachable; stay safe anyway.
-                fr_mut.cancelled = true;
+                fr.cancelled = true;
                 removed_tokens += 1 + drafts;
-                let id = self.req(slot).id;
-                res.fixes.push(PlanFix::Cancel(id));
+                res.fixes.push(PlanFix::Cancel(fr.id));
                 let r = self.req_mut(slot);
                 r.inflight = r.inflight.saturating_sub(1);
                 r.sampling_inflight = false;

@@ -349,3 +349,34 @@ fn push_token_builds_the_same_output_as_push() {
     b.push_token(3, 6, true);
     assert_eq!(a, b);
 }
+
+#[test]
+fn dense_decode_output_is_checked_and_applied() {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 64,
+        ..Default::default()
+    };
+    let mut s = scheduler(cfg, 64, 4);
+    for id in 0..3 {
+        s.add_request(NewRequest::new(id, prompt(id, 5), 4))
+            .unwrap();
+    }
+    let plan = s.schedule().unwrap();
+    let out = run(&plan, &s);
+    s.update(&out).unwrap();
+    let plan = s.schedule().unwrap();
+    assert_eq!(plan.decode.len(), 3);
+    // Too few dense tokens: rejected whole, nothing changes.
+    let mut out = StepOutput::new(plan.step);
+    out.push_decode(1);
+    assert!(matches!(s.update(&out), Err(SchedError::OutputMismatch(_))));
+    // Dense decode tokens mixed with row groups for the same rows: rejected.
+    let mut out = run_dense(&plan, &s);
+    out.push_token(0, 1, false);
+    assert!(matches!(s.update(&out), Err(SchedError::OutputMismatch(_))));
+    let out = run_dense(&plan, &s);
+    assert!(s.update(&out).unwrap().finished.is_empty());
+    for id in 0..3 {
+        assert_eq!(s.tokens(id).unwrap()[5..], expected_output(id, 5, 2)[..]);
+    }
+}

@@ -61,8 +61,9 @@ pub fn step(
             out.push(c.request, &[], false);
         }
     }
-    for d in &plan.decode {
-        out.push_token(d.request, 1, false);
+    // Decode rows in the dense form: one sampled token per row, in plan order.
+    for _ in &plan.decode {
+        out.push_decode(1);
     }
     let t1 = Instant::now();
     let res = s.update(out).unwrap();

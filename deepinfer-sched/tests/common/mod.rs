@@ -85,6 +85,28 @@ pub fn run(plan: &StepPlan, s: &Scheduler) -> StepOutput {
     out
 }
 
+/// [`run`] answering the decode rows in the dense form (one token per decode
+/// row, no accepted drafts), the prefill chunks as row groups.
+pub fn run_dense(plan: &StepPlan, s: &Scheduler) -> StepOutput {
+    let mut out = StepOutput::new(plan.step);
+    let bs = s.kv().block_size();
+    for c in &plan.prefill {
+        if c.samples {
+            out.push_token(c.request, token(c.request, c.start + c.len), false);
+        } else {
+            out.push(c.request, &[], false);
+        }
+    }
+    for d in &plan.decode {
+        assert!(!d.provisional, "engine got a provisional row {d:?}");
+        if let Ok(t) = s.kv().block_table(d.request) {
+            assert!(t.len() * bs > d.position + d.drafts, "no KV for {d:?}");
+        }
+        out.push_decode(token(d.request, d.position + 1));
+    }
+    out
+}
+
 /// What each request should output: the pure token stream, cut at `max_new`.
 pub fn expected_output(id: RequestId, prompt_len: usize, max_new: usize) -> Vec<u32> {
     (prompt_len..prompt_len + max_new)
