@@ -229,3 +229,17 @@ fn mark_computed_by_handle_matches_mark_computed() {
         Err(KvError::UnknownSequence(1))
     );
 }
+
+#[test]
+fn prefetch_changes_nothing_even_with_a_stale_handle() {
+    let mut m = manager();
+    m.allocate(1, &[1, 2, 3], Default::default()).unwrap();
+    let h = m.handle(1).unwrap();
+    let before = (m.tokens(1).unwrap().to_vec(), m.usage());
+    m.prefetch(h, false);
+    m.prefetch(h, true);
+    assert_eq!((m.tokens(1).unwrap().to_vec(), m.usage()), before);
+    m.free(1).unwrap();
+    m.prefetch(h, true);
+    assert_eq!(m.handle(1), Err(KvError::UnknownSequence(1)));
+}

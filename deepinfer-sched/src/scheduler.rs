@@ -21,6 +21,7 @@ use deepinfer_spec::Planner;
 
 use crate::cost_model::{PrefillCostModel, StepFeatures, StepSample};
 use crate::error::SchedError;
+use crate::prefetch;
 use crate::request::{
     DecodeRow, FinishReason, Finished, NewRequest, PlanFix, PrefillChunk, RequestId, RowOutput,
     StepOutput, StepPlan, UpdateResult,
@@ -858,6 +859,17 @@ impl Scheduler {
             if seqs_left == 0 || tokens_left == 0 {
                 break;
             }
+            // Prefetch: the request records 8 rows ahead, their KV entries 4 rows
+            // ahead (the loads each row waits for; the token writes do not stall).
+            if let Some(&s8) = self.running.get(i + 8) {
+                prefetch::lines(self.slots.as_ptr().wrapping_add(s8 as usize), 2);
+            }
+            if let Some(&s4) = self.running.get(i + 4)
+                && let Some(Some(r4)) = self.slots.get(s4 as usize)
+                && let Some(h) = r4.kv
+            {
+                self.kv.prefetch(h, false);
+            }
             let slot = self.running[i];
             // Steady decode: the input token is known, no drafts, room in the last
             // block. It reads and writes only the request's hot lines, the end of
@@ -1372,12 +1384,14 @@ impl Scheduler {
         if dense {
             // One token per live decode row, in row order: nothing else to read.
             let live = flight.rows.iter().filter(|f| !f.cancelled);
-            for (fr, t) in live.zip(&out.decode_tokens) {
+            for (k, (fr, t)) in live.zip(&out.decode_tokens).enumerate() {
+                self.prefetch_row(&flight.rows, k);
                 any_finished |=
                     self.apply_decode(fr, std::slice::from_ref(t), &[], false, &mut res)?;
             }
         } else {
-            for fr in flight.rows.iter().filter(|f| !f.cancelled) {
+            for (k, fr) in flight.rows.iter().enumerate().filter(|f| !f.1.cancelled) {
+                self.prefetch_row(&flight.rows, k);
                 let (o, toks, confs) = cur.next(out);
                 any_finished |= self.apply_decode(fr, toks, confs, o.stop, &mut res)?;
             }
@@ -1416,6 +1430,15 @@ impl Scheduler {
 
         self.reconcile_pending(&mut res);
         Ok(res)
+    }
+
+    /// Prefetch for the update walk over decode rows: the request records 8
+    /// rows ahead of row `k`.
+    #[inline(always)]
+    fn prefetch_row(&self, rows: &[DecodeFlight], k: usize) {
+        if let Some(f) = rows.get(k + 8) {
+            prefetch::lines(self.slots.as_ptr().wrapping_add(f.slot as usize), 2);
+        }
     }
 
     /// Applies a prefill chunk's result (see `update`); true when a running
