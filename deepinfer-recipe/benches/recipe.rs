@@ -16,7 +16,8 @@ use deepinfer_recipe::grammar::{GrammarBackend, GrammarSpec, GrammarVocab, Regex
 use deepinfer_recipe::protocol::chat::ChatRequest;
 use deepinfer_recipe::protocol::{ConversionOptions, ParsingOptions, ThinkingStart};
 use deepinfer_recipe::{
-    Conversation, Message, PromptFormat, PromptTokenizer, Renderer, SpecialToken, StreamParser,
+    Conversation, EventBuffer, Message, PromptFormat, PromptTokenizer, Renderer, SpecialToken,
+    StreamParser,
 };
 
 fn tokenizer_with_system() -> Arc<PromptTokenizer> {
@@ -93,14 +94,41 @@ fn stream_parser(c: &mut Criterion) {
     group.throughput(Throughput::Elements(ids.len() as u64));
     // Streaming work only: `finish` re-encodes the reasoning text to count
     // its tokens (as the reference does), which is tokenizer time.
+    // Three APIs on the same stream, in the same run: `push_tokens` (a new
+    // Vec per push), `push_tokens_into` (a reused Vec, one String per text
+    // event) and `push_tokens_buffered` (a reused EventBuffer: no allocation
+    // per push once it has grown).
     for chunk in [1usize, 16] {
-        group.bench_function(format!("tokens_per_push_{chunk}"), |b| {
+        group.bench_function(format!("push_tokens/{chunk}"), |b| {
+            b.iter(|| {
+                let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
+                let mut count = 0;
+                for piece in ids.chunks(chunk) {
+                    count += parser.push_tokens(piece).len();
+                }
+                count
+            })
+        });
+        group.bench_function(format!("push_tokens_into/{chunk}"), |b| {
             b.iter(|| {
                 let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
                 let mut events = Vec::with_capacity(64);
                 let mut count = 0;
                 for piece in ids.chunks(chunk) {
                     parser.push_tokens_into(piece, &mut events);
+                    count += events.len();
+                    events.clear();
+                }
+                count
+            })
+        });
+        group.bench_function(format!("push_tokens_buffered/{chunk}"), |b| {
+            b.iter(|| {
+                let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
+                let mut events = EventBuffer::with_capacity(64, 4096);
+                let mut count = 0;
+                for piece in ids.chunks(chunk) {
+                    parser.push_tokens_buffered(piece, &mut events);
                     count += events.len();
                     events.clear();
                 }

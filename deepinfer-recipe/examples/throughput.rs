@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use deepinfer_recipe::protocol::{ParsingOptions, ThinkingStart};
 use deepinfer_recipe::{
-    Conversation, Message, PromptFormat, PromptTokenizer, Renderer, StreamParser,
+    Conversation, EventBuffer, Message, PromptFormat, PromptTokenizer, Renderer, StreamParser,
 };
 
 /// CPU time (user + system) of this process so far.
@@ -72,16 +72,39 @@ fn main() {
             thinking: Some(ThinkingStart::ReasoningStart),
             stop_sequences: vec!["<|stop|>".into()],
         };
-        for chunk in [1usize, 16] {
+        let reps = std::env::var("REPS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(20);
+        // `CHUNKS=1` picks the push sizes (e.g. for a callgrind run).
+        let chunks: Vec<usize> = std::env::var("CHUNKS")
+            .unwrap_or_else(|_| "1,16".into())
+            .split(',')
+            .filter_map(|c| c.trim().parse().ok())
+            .collect();
+        for chunk in chunks {
             measure(
-                &format!("parser, {chunk} tokens per push"),
+                &format!("parser (push_tokens_into), {chunk} tokens per push"),
                 ids.len(),
-                20,
+                reps,
                 || {
                     let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
                     let mut events = Vec::with_capacity(64);
                     for piece in ids.chunks(chunk) {
                         parser.push_tokens_into(piece, &mut events);
+                        events.clear();
+                    }
+                },
+            );
+            measure(
+                &format!("parser (push_tokens_buffered), {chunk} tokens per push"),
+                ids.len(),
+                reps,
+                || {
+                    let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
+                    let mut events = EventBuffer::with_capacity(64, 4096);
+                    for piece in ids.chunks(chunk) {
+                        parser.push_tokens_buffered(piece, &mut events);
                         events.clear();
                     }
                 },

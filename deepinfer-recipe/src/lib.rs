@@ -14,7 +14,7 @@ pub mod special;
 pub mod tokenizer;
 
 pub use conversation::{Content, Conversation, Message, Part, ToolCall, ToolDefinition};
-pub use parser::{BackendFinish, Event, FinishReason, StreamParser};
+pub use parser::{BackendFinish, Event, EventBuffer, EventRef, FinishReason, StreamParser};
 pub use prompt::{Piece, PromptBuilder, RenderedPrompt};
 pub use render::{PromptFormat, Renderer};
 pub use special::{SpecialToken, SpecialTokens};

@@ -1,15 +1,61 @@
 //! Turns scanner segments back into text events, one event per piece of
 //! input (a special token, or the plain tokens of one push), so streamed
 //! deltas follow the backend's chunking.
+//!
+//! The bytes of queued pieces live in one reused byte queue, and events go
+//! to an [`EventSink`]: owned [`Event`]s for `Vec<Event>`, ranges of one
+//! string for [`EventBuffer`] (no allocation per event).
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use super::Event;
+use super::buffer::{EventBuffer, EventRef};
 use super::scanner::Action;
+
+/// Where the parser's events go.
+pub(crate) trait EventSink {
+    /// Answer (`reasoning == false`) or reasoning text.
+    fn text(&mut self, reasoning: bool, text: &str);
+    /// Any event.
+    fn event(&mut self, event: EventRef<'_>);
+}
+
+impl EventSink for Vec<Event> {
+    fn text(&mut self, reasoning: bool, text: &str) {
+        self.push(if reasoning {
+            Event::Reasoning(text.to_owned())
+        } else {
+            Event::Content(text.to_owned())
+        });
+    }
+
+    fn event(&mut self, event: EventRef<'_>) {
+        self.push(event.to_event());
+    }
+}
+
+impl EventSink for EventBuffer {
+    fn text(&mut self, reasoning: bool, text: &str) {
+        self.push(if reasoning {
+            EventRef::Reasoning(text)
+        } else {
+            EventRef::Content(text)
+        });
+    }
+
+    fn event(&mut self, event: EventRef<'_>) {
+        self.push(event);
+    }
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct Emitter {
-    pieces: VecDeque<Vec<u8>>,
+    /// Bytes of the queued pieces, from `head` on.
+    bytes: Vec<u8>,
+    head: usize,
+    /// Lengths of the queued pieces (none empty).
+    pieces: VecDeque<usize>,
     pending: Option<(Action, usize)>,
     previous: Option<Action>,
     name: Vec<u8>,
@@ -23,9 +69,10 @@ impl Emitter {
         Self::default()
     }
 
-    pub fn push_piece(&mut self, bytes: Vec<u8>) {
+    pub fn push_piece(&mut self, bytes: &[u8]) {
         if !bytes.is_empty() {
-            self.pieces.push_back(bytes);
+            self.bytes.extend_from_slice(bytes);
+            self.pieces.push_back(bytes.len());
         }
     }
 
@@ -36,14 +83,36 @@ impl Emitter {
 
     /// Emit a whole piece of answer or reasoning text directly.
     pub fn emit_text(&mut self, action: Action, text: String, events: &mut Vec<Event>) {
-        self.previous = Some(action);
+        self.note_text(action, &text);
         match action {
-            Action::Reasoning => {
-                self.reasoning.push_str(&text);
-                events.push(Event::Reasoning(text));
-            }
+            Action::Reasoning => events.push(Event::Reasoning(text)),
             _ => events.push(Event::Content(text)),
         }
+    }
+
+    /// Record a piece of answer or reasoning text that the caller emits
+    /// itself (the buffered path).
+    pub fn note_text(&mut self, action: Action, text: &str) {
+        self.previous = Some(action);
+        if action == Action::Reasoning {
+            self.reasoning.push_str(text);
+        }
+    }
+
+    /// Whether all queued bytes may go out as `action` text: nothing is
+    /// pending under another action.
+    pub fn can_release_as(&self, action: Action) -> bool {
+        self.pending
+            .is_none_or(|(pending, len)| len == 0 || pending == action)
+    }
+
+    /// Emit every queued piece whole as `action`, as the general path does
+    /// when held bytes are released together with the next text.
+    pub fn release_queued(&mut self, action: Action, out: &mut impl EventSink) {
+        while let Some(&front) = self.pieces.front() {
+            self.take(action, front, out);
+        }
+        self.pending = None;
     }
 
     pub fn reasoning(&self) -> &str {
@@ -59,121 +128,129 @@ impl Emitter {
     }
 
     /// Apply segments; with `last`, flush everything.
-    pub fn apply(&mut self, segments: &[(Action, usize)], last: bool, events: &mut Vec<Event>) {
+    pub fn apply(&mut self, segments: &[(Action, usize)], last: bool, out: &mut impl EventSink) {
         for &(action, len) in segments {
             match &mut self.pending {
                 Some((pending, count)) if *pending == action => *count += len,
                 _ => {
-                    self.flush_pending(events);
+                    self.flush_pending(out);
                     self.pending = Some((action, len));
                 }
             }
         }
-        self.take_whole_pieces(events);
+        self.take_whole_pieces(out);
         if last {
-            self.flush_pending(events);
+            self.flush_pending(out);
         }
     }
 
     /// Emit the pending segment over whole pieces, then its partial rest.
-    fn flush_pending(&mut self, events: &mut Vec<Event>) {
-        self.take_whole_pieces(events);
+    fn flush_pending(&mut self, out: &mut impl EventSink) {
+        self.take_whole_pieces(out);
         if let Some((action, len)) = self.pending.take()
             && len > 0
         {
-            self.take(action, len, events);
+            self.take(action, len, out);
         }
     }
 
-    fn take_whole_pieces(&mut self, events: &mut Vec<Event>) {
-        while let (Some((action, len)), Some(front)) = (self.pending, self.pieces.front()) {
-            let front_len = front.len();
-            if front_len > len {
+    fn take_whole_pieces(&mut self, out: &mut impl EventSink) {
+        while let (Some((action, len)), Some(&front)) = (self.pending, self.pieces.front()) {
+            if front > len {
                 break;
             }
-            self.take(action, front_len, events);
-            self.pending = Some((action, len - front_len));
+            self.take(action, front, out);
+            self.pending = Some((action, len - front));
         }
     }
 
     /// Take `len` bytes (at most the front piece) as `action`.
-    fn take(&mut self, action: Action, len: usize, events: &mut Vec<Event>) {
-        let Some(mut piece) = self.pieces.pop_front() else {
+    fn take(&mut self, action: Action, len: usize, out: &mut impl EventSink) {
+        let Some(front) = self.pieces.front_mut() else {
             return;
         };
-        if len < piece.len() {
-            let rest = piece.split_off(len);
-            self.pieces.push_front(rest);
+        let len = len.min(*front);
+        *front -= len;
+        if *front == 0 {
+            self.pieces.pop_front();
         }
+        let start = self.head;
+        self.head += len;
         let first = self.previous != Some(action);
         self.previous = Some(action);
+        let piece = &self.bytes[start..self.head];
 
         match action {
-            Action::Content => events.push(Event::Content(into_text(piece))),
+            Action::Content => out.text(false, &as_text(piece)),
             Action::Reasoning => {
-                let text = into_text(piece);
+                let text = as_text(piece);
                 self.reasoning.push_str(&text);
-                events.push(Event::Reasoning(text));
+                out.text(true, &text);
             }
-            Action::ToSpace => events.push(Event::Content(" ".to_owned())),
+            Action::ToSpace => out.text(false, " "),
             Action::Skip | Action::ToolCallBegin => {}
             Action::StopSequence => self
                 .stop
                 .get_or_insert_with(String::new)
-                .push_str(&into_text(piece)),
-            Action::ToolName => self.name.extend_from_slice(&piece),
+                .push_str(&as_text(piece)),
+            Action::ToolName => self.name.extend_from_slice(piece),
             Action::ToolNameEnd => {
                 if first {
-                    let name =
-                        String::from_utf8_lossy(&std::mem::take(&mut self.name)).into_owned();
-                    events.push(Event::ToolCallStart {
+                    let name = String::from_utf8_lossy(&self.name).into_owned();
+                    self.name.clear();
+                    out.event(EventRef::ToolCallStart {
                         index: self.calls,
-                        name,
+                        name: &name,
                     });
                     self.calls += 1;
                 }
             }
             Action::ArgLabel(label) => {
                 if first {
-                    events.push(self.args(label.to_owned()));
+                    out.event(args(self.calls, label));
                 }
             }
             Action::ArgText { string } => {
-                let text = into_text(piece);
-                let delta = if string { escape_json(&text) } else { text };
-                events.push(self.args(delta));
+                let text = as_text(piece);
+                if string {
+                    out.event(args(self.calls, &escape_json(&text)));
+                } else {
+                    out.event(args(self.calls, &text));
+                }
             }
             Action::ArgEnd(closing) => {
                 if first {
-                    events.push(self.args(closing.to_owned()));
-                    events.push(Event::ToolCallEnd {
+                    out.event(args(self.calls, closing));
+                    out.event(EventRef::ToolCallEnd {
                         index: self.calls.saturating_sub(1),
                     });
                 }
             }
             Action::Label(label) => {
                 if first {
-                    events.push(Event::Content(label.to_owned()));
+                    out.text(false, label);
                 }
             }
         }
-    }
-
-    fn args(&self, delta: String) -> Event {
-        Event::ToolCallArgs {
-            index: self.calls.saturating_sub(1),
-            delta,
+        if self.pieces.is_empty() {
+            // Everything queued was taken: reuse the queue from the start.
+            self.bytes.clear();
+            self.head = 0;
         }
     }
 }
 
-/// Pieces are whole UTF-8 runs, so this moves rather than copies (a piece
-/// split inside a character falls back to lossy text).
-fn into_text(piece: Vec<u8>) -> String {
-    match String::from_utf8(piece) {
-        Ok(text) => text,
-        Err(error) => String::from_utf8_lossy(error.as_bytes()).into_owned(),
+fn args(calls: usize, delta: &str) -> EventRef<'_> {
+    EventRef::ToolCallArgs {
+        index: calls.saturating_sub(1),
+        delta,
     }
+}
+
+/// Pieces are whole UTF-8 runs, so this borrows (a piece split inside a
+/// character falls back to lossy text).
+fn as_text(piece: &[u8]) -> Cow<'_, str> {
+    String::from_utf8_lossy(piece)
 }
 
 /// The inside of a JSON string literal for `text`.

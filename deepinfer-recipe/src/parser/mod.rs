@@ -7,12 +7,14 @@
 //! across token boundaries, and text is released as soon as it cannot be part
 //! of a stop sequence or marker.
 
+mod buffer;
 mod emitter;
 mod scanner;
 
 use std::sync::Arc;
 
-use emitter::Emitter;
+pub use buffer::{EventBuffer, EventRef};
+use emitter::{Emitter, EventSink};
 use scanner::{Action, MarkupSpellings, Provenance, Scanner, Stage};
 
 use crate::protocol::{ParsingOptions, ThinkingStart};
@@ -183,16 +185,21 @@ impl StreamParser {
         if self.stopped || self.push_plain_run(ids, events) {
             return;
         }
+        self.push_general(ids, events);
+    }
+
+    /// The general path: markup, held bytes, split characters.
+    fn push_general(&mut self, ids: &[u32], out: &mut impl EventSink) {
         let table = Arc::clone(&self.tokenizer);
         let bytes = table.token_bytes();
         for &id in ids {
             let token: &[u8] = bytes.get(id as usize).map_or(&[], Vec::as_slice);
             if self.reserved.get(id as usize).copied().unwrap_or(false) {
-                self.flush_plain(true, events);
+                self.flush_plain(true, out);
                 if self.stopped {
                     return;
                 }
-                self.feed_piece(token.to_vec(), 1, Provenance::Special, events);
+                self.feed_piece(token, 1, Provenance::Special, out);
                 if self.stopped {
                     return;
                 }
@@ -201,7 +208,56 @@ impl StreamParser {
                 self.pending_tokens += 1;
             }
         }
-        self.flush_plain(false, events);
+        self.flush_plain(false, out);
+    }
+
+    /// [`Self::push_tokens`], appending to a reusable [`EventBuffer`]: the
+    /// same events, but a push of ordinary text (the common case) allocates
+    /// nothing once the buffer has grown.
+    pub fn push_tokens_buffered(&mut self, ids: &[u32], out: &mut EventBuffer) {
+        if self.stopped || self.push_plain_run_buffered(ids, out) {
+            return;
+        }
+        self.push_general(ids, out);
+    }
+
+    /// [`Self::push_plain_run`] writing straight into the buffer's text,
+    /// and also taken when the scanner holds only newlines waiting to be
+    /// absorbed before a marker (ends of lines): text that cannot start a
+    /// marker releases them, one event per queued piece, as the general path
+    /// would. Tokens must each be complete UTF-8 here (a split character
+    /// takes the general path, which gives the same events).
+    fn push_plain_run_buffered(&mut self, ids: &[u32], out: &mut EventBuffer) -> bool {
+        if !self.plain_runs || !self.pending.is_empty() {
+            return false;
+        }
+        let Some((action, starts)) = self.scanner.text_action_after_newlines() else {
+            return false;
+        };
+        if !self.emitter.can_release_as(action) {
+            return false;
+        }
+        let texts = self.tokenizer.token_texts();
+        let start = out.text_len();
+        for &id in ids {
+            match texts.get(id) {
+                Some(text) if !text.bytes().any(|b| starts[b as usize]) => out.append_text(text),
+                _ => {
+                    out.truncate_text(start);
+                    return false;
+                }
+            }
+        }
+        let run = start..out.text_len();
+        if run.is_empty() {
+            return false;
+        }
+        self.completion_tokens += ids.len() as u32;
+        self.scanner.note_released_all();
+        self.emitter.release_queued(action, out);
+        self.emitter.note_text(action, out.text_at(run.clone()));
+        out.close_text(run, action == Action::Reasoning);
+        true
     }
 
     /// The common case on one pass: a push of ordinary tokens whose text is
@@ -248,7 +304,7 @@ impl StreamParser {
             self.flush_plain(true, &mut events);
             if !self.stopped {
                 self.feed_piece(
-                    text.as_bytes().to_vec(),
+                    text.as_bytes(),
                     token_count,
                     Provenance::Unknown,
                     &mut events,
@@ -259,14 +315,24 @@ impl StreamParser {
     }
 
     /// Finish the stream: release held text and report the finish.
-    pub fn finish(mut self, backend: Option<BackendFinish>) -> Vec<Event> {
+    pub fn finish(self, backend: Option<BackendFinish>) -> Vec<Event> {
         let mut events = Vec::new();
+        self.finish_to(backend, &mut events);
+        events
+    }
+
+    /// [`Self::finish`], appending to an [`EventBuffer`].
+    pub fn finish_into(self, backend: Option<BackendFinish>, out: &mut EventBuffer) {
+        self.finish_to(backend, out);
+    }
+
+    fn finish_to(mut self, backend: Option<BackendFinish>, out: &mut impl EventSink) {
         if !self.stopped {
-            self.flush_plain(true, &mut events);
+            self.flush_plain(true, out);
         }
         self.segments.clear();
         self.scanner.finish(&mut self.segments);
-        self.emitter.apply(&self.segments, true, &mut events);
+        self.emitter.apply(&self.segments, true, out);
         let has_calls = self.emitter.tool_calls() > 0;
         let reason = if self.emitter.stop_sequence().is_some() {
             FinishReason::StopSequence
@@ -284,47 +350,52 @@ impl StreamParser {
                 .encode_plain(self.emitter.reasoning())
                 .map_or(0, |ids| ids.len() as u32)
         });
-        events.push(Event::Finish {
+        out.event(EventRef::Finish {
             reason,
-            stop_sequence: self.emitter.stop_sequence().map(str::to_owned),
+            stop_sequence: self.emitter.stop_sequence(),
             usage: CompletionUsage {
                 completion_tokens: self.completion_tokens,
                 reasoning_tokens,
             },
         });
-        events
     }
 
-    fn flush_plain(&mut self, force: bool, events: &mut Vec<Event>) {
+    fn flush_plain(&mut self, force: bool, out: &mut impl EventSink) {
         if self.pending.is_empty() {
             return;
         }
-        let text = match std::str::from_utf8(&self.pending) {
-            Ok(text) => text.as_bytes().to_vec(),
-            // Keep the whole run while its end is an incomplete character.
-            Err(error) if !force && error.error_len().is_none() => return,
-            Err(_) => String::from_utf8_lossy(&self.pending)
-                .into_owned()
-                .into_bytes(),
-        };
-        // `pending` keeps its capacity for the next push.
-        self.pending.clear();
+        let pending = std::mem::take(&mut self.pending);
         let count = std::mem::take(&mut self.pending_tokens);
-        self.feed_piece(text, count, Provenance::Plain, events);
+        match std::str::from_utf8(&pending) {
+            Ok(_) => self.feed_piece(&pending, count, Provenance::Plain, out),
+            // Keep the whole run while its end is an incomplete character.
+            Err(error) if !force && error.error_len().is_none() => {
+                self.pending = pending;
+                self.pending_tokens = count;
+                return;
+            }
+            Err(_) => {
+                let text = String::from_utf8_lossy(&pending).into_owned();
+                self.feed_piece(text.as_bytes(), count, Provenance::Plain, out);
+            }
+        }
+        // `pending` keeps its capacity for the next push.
+        self.pending = pending;
+        self.pending.clear();
     }
 
     fn feed_piece(
         &mut self,
-        bytes: Vec<u8>,
+        bytes: &[u8],
         tokens: u32,
         provenance: Provenance,
-        events: &mut Vec<Event>,
+        out: &mut impl EventSink,
     ) {
         self.completion_tokens += tokens;
         self.segments.clear();
-        self.scanner.feed(&bytes, provenance, &mut self.segments);
+        self.scanner.feed(bytes, provenance, &mut self.segments);
         self.emitter.push_piece(bytes);
-        self.emitter.apply(&self.segments, false, events);
+        self.emitter.apply(&self.segments, false, out);
         if self.emitter.stop_sequence().is_some() {
             self.stopped = true;
         }
@@ -363,22 +434,81 @@ mod tests {
         events
     }
 
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(128))]
+    /// The buffered path, reading and clearing the buffer after every
+    /// `drain_every` pushes.
+    fn run_buffered(
+        ids: &[u32],
+        cuts: &[usize],
+        options: &ParsingOptions,
+        drain_every: usize,
+    ) -> Vec<Event> {
+        let mut parser = StreamParser::new(tokenizer(), options);
+        let mut buffer = EventBuffer::new();
+        let mut events = Vec::new();
+        let mut at = 0;
+        let mut pushes = 0;
+        for &cut in cuts.iter().cycle() {
+            if at >= ids.len() {
+                break;
+            }
+            let end = (at + cut).min(ids.len());
+            parser.push_tokens_buffered(&ids[at..end], &mut buffer);
+            at = end;
+            pushes += 1;
+            if pushes % drain_every == 0 {
+                events.extend(buffer.iter().map(|event| event.to_event()));
+                buffer.clear();
+            }
+        }
+        parser.finish_into(Some(BackendFinish::Stop), &mut buffer);
+        events.extend(buffer.to_events());
+        events
+    }
 
-        /// The one-pass path for plain runs gives exactly the events of the
-        /// general path, for any chunking.
+    #[test]
+    fn held_newlines_before_a_newline_stop_sequence_stay_on_the_general_path() {
+        let tokenizer = tokenizer();
+        let mut ids = Vec::new();
+        for piece in ["Hello", "\n", "X", " more"] {
+            ids.extend(tokenizer.encode_plain(piece).unwrap());
+        }
+        let options = ParsingOptions {
+            parse_tool_calls: true,
+            starts_in_tool_calls: false,
+            parse_json_output: false,
+            thinking: None,
+            stop_sequences: vec!["\nX".into()],
+        };
+        let general = run(&ids, &[1], &options, false);
+        assert!(general.iter().any(|event| matches!(
+            event,
+            Event::Finish {
+                reason: FinishReason::StopSequence,
+                ..
+            }
+        )));
+        assert_eq!(run_buffered(&ids, &[1], &options, 1), general);
+        assert_eq!(run(&ids, &[1], &options, true), general);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// The one-pass path for plain runs, and the buffered path, give
+        /// exactly the events of the general path, for any chunking.
         #[test]
         fn plain_runs_match_the_general_path(
             pieces in prop::collection::vec(prop::sample::select(vec![
                 "Hello", " world", "\n", "\n\n", "<", "</", " calls>", "END", "E", "你好",
                 "é", "{\"a\": 1}", "```json\n", "invoke name=\"f\">", "</think>", "<｜DSML｜",
-                "<｜end▁of▁sentence｜>",
+                "<｜end▁of▁sentence｜>", "X",
             ]), 0..40),
             cuts in prop::collection::vec(1usize..6, 1..10),
             thinking in any::<bool>(),
             json in any::<bool>(),
             split_utf8 in any::<bool>(),
+            drain_every in 1usize..4,
+            newline_stop in any::<bool>(),
         ) {
             let tokenizer = tokenizer();
             let mut ids = Vec::new();
@@ -403,9 +533,18 @@ mod tests {
                 starts_in_tool_calls: false,
                 parse_json_output: json,
                 thinking: thinking.then_some(ThinkingStart::ReasoningStart),
-                stop_sequences: vec!["END".into()],
+                // A stop sequence that starts with a newline keeps held
+                // newlines on the general path.
+                stop_sequences: if newline_stop {
+                    vec!["END".into(), "\nX".into()]
+                } else {
+                    vec!["END".into()]
+                },
             };
-            prop_assert_eq!(run(&ids, &cuts, &options, true), run(&ids, &cuts, &options, false));
+            let general = run(&ids, &cuts, &options, false);
+            prop_assert_eq!(&run(&ids, &cuts, &options, true), &general);
+            // The allocation-free buffered path gives the same events too.
+            prop_assert_eq!(&run_buffered(&ids, &cuts, &options, drain_every), &general);
         }
     }
 }

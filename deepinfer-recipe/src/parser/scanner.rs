@@ -103,6 +103,9 @@ struct StageRules {
     strip_leading_newlines: bool,
     /// Bytes that can start (or be absorbed before) some marker.
     starts: [bool; 256],
+    /// Some marker itself starts with a newline (so held newlines may be
+    /// the start of a marker, not only absorbed before one).
+    newline_starts_marker: bool,
 }
 
 fn rules(stage: Stage, m: &MarkupSpellings) -> StageRules {
@@ -261,11 +264,13 @@ fn rules(stage: Stage, m: &MarkupSpellings) -> StageRules {
     if strip {
         starts[b'\n' as usize] = true;
     }
+    let newline_starts_marker = markers.iter().any(|marker| marker.units[0].0 == b'\n');
     StageRules {
         markers,
         default,
         strip_leading_newlines: strip,
         starts,
+        newline_starts_marker,
     }
 }
 
@@ -301,6 +306,28 @@ impl Scanner {
         let text = matches!(self.rules.default, Action::Content | Action::Reasoning);
         (text && self.held.is_empty() && self.stage != Stage::Finished)
             .then_some((self.rules.default, &self.rules.starts))
+    }
+
+    /// [`Self::idle_text_action`], also when all that is held is newlines
+    /// that only wait to be absorbed before a marker: then a byte that
+    /// cannot start a marker releases them with the default action.
+    pub fn text_action_after_newlines(&self) -> Option<(Action, &[bool; 256])> {
+        let text = matches!(self.rules.default, Action::Content | Action::Reasoning);
+        let held_ok = self.held.is_empty()
+            || (!self.rules.newline_starts_marker
+                && self
+                    .held
+                    .iter()
+                    .all(|&(byte, provenance)| byte == b'\n' && provenance != Provenance::Special));
+        (text && held_ok && self.stage != Stage::Finished)
+            .then_some((self.rules.default, &self.rules.starts))
+    }
+
+    /// Bytes (held ones included) were released with the default action
+    /// outside [`Self::feed`].
+    pub fn note_released_all(&mut self) {
+        self.held.clear();
+        self.fresh = false;
     }
 
     /// Bytes were released with the default action outside [`Self::feed`].

