@@ -618,12 +618,12 @@ impl BlockManager {
     /// that walk many sequences per step use it to overlap the cache misses of several.
     #[inline]
     pub fn prefetch(&self, h: SeqHandle, tail: bool) {
-        let Some(e) = self.seqs.get(h.index as usize) else {
-            return;
-        };
         if !tail {
-            prefetch_line(e as *const Option<Sequence>);
-        } else if let Some(s) = e {
+            // No bounds check: a prefetch of any address is harmless.
+            prefetch_line(self.seqs.as_ptr().wrapping_add(h.index as usize));
+            return;
+        }
+        if let Some(Some(s)) = self.seqs.get(h.index as usize) {
             prefetch_line(s.tokens.as_ptr().wrapping_add(s.tokens.len()));
         }
     }

@@ -1383,11 +1383,52 @@ impl Scheduler {
         }
         if dense {
             // One token per live decode row, in row order: nothing else to read.
-            let live = flight.rows.iter().filter(|f| !f.cancelled);
-            for (k, (fr, t)) in live.zip(&out.decode_tokens).enumerate() {
+            let mut dense_tokens = out.decode_tokens.iter();
+            for (k, fr) in flight.rows.iter().enumerate() {
+                if fr.cancelled {
+                    continue;
+                }
                 self.prefetch_row(&flight.rows, k);
+                let Some(&t) = dense_tokens.next() else { break };
+                // Steady case: the request still runs on the row's KV sequence and
+                // nothing speculative is pending, so the token only extends the
+                // history (and, once per block, reports the block computed).
+                if let Some(Some(r)) = self.slots.get_mut(fr.slot as usize)
+                    && r.arrival == fr.arrival
+                    && r.incarnation == fr.incarnation
+                    && fr.drafts == 0
+                    && r.kv_drafts == 0
+                    && !r.has_confs
+                    && let Some(h) = r.kv
+                {
+                    r.inflight -= 1;
+                    if r.inflight == 0 {
+                        r.sampling_inflight = false;
+                    }
+                    if r.kv_len >= r.next_full {
+                        self.kv.mark_computed_by_handle(h, r.kv_len)?;
+                        r.next_full = next_block_end(r.kv_len, self.kv.block_size());
+                    }
+                    r.tokens.push(t);
+                    r.last_token = t;
+                    let reason = if r.has_stops && r.stop_tokens.contains(&t) {
+                        Some(FinishReason::Stop)
+                    } else if r.tokens.len() >= r.limit {
+                        Some(FinishReason::Length)
+                    } else {
+                        None
+                    };
+                    if let Some(reason) = reason {
+                        let loc = Loc {
+                            slot: fr.slot,
+                            parked: false,
+                        };
+                        any_finished |= self.finish(loc, reason, &mut res);
+                    }
+                    continue;
+                }
                 any_finished |=
-                    self.apply_decode(fr, std::slice::from_ref(t), &[], false, &mut res)?;
+                    self.apply_decode(fr, std::slice::from_ref(&t), &[], false, &mut res)?;
             }
         } else {
             for (k, fr) in flight.rows.iter().enumerate().filter(|f| !f.1.cancelled) {
