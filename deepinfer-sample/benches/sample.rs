@@ -8,7 +8,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use deepinfer_sample::reference::sample_sorted;
 use deepinfer_sample::{
-    SampleRequest, SamplingParams, VerifyMode, VerifyRequest, sample_batch, verify_batch,
+    SampleRequest, Sampler, SamplingParams, VerifyMode, VerifyRequest, sample_batch, verify_batch,
 };
 use rayon::prelude::*;
 
@@ -100,6 +100,55 @@ fn bench_sample(c: &mut Criterion) {
     g.finish();
 }
 
+/// Temperature 1, no top-k: every token keeps a weight. The fused path
+/// (default) against the listing path it replaces (`with_fused_above(MAX)`),
+/// 64 rows as in the end-to-end run of issue #10.
+fn bench_full_vocab(c: &mut Criterion) {
+    const FULL_ROWS: usize = 64;
+    let data = logits(FULL_ROWS * VOCAB, 2);
+    for (name, top_p) in [("t1", 1.0f32), ("t1_topp0.9", 0.9)] {
+        let params: Vec<SamplingParams> = (0..FULL_ROWS)
+            .map(|i| SamplingParams {
+                temperature: 1.0,
+                top_p,
+                seed: i as u64,
+                ..SamplingParams::default()
+            })
+            .collect();
+        let reqs: Vec<SampleRequest<'_, f32>> = data
+            .chunks_exact(VOCAB)
+            .zip(&params)
+            .map(|(row, p)| SampleRequest {
+                logits: row,
+                mask: None,
+                history: &[],
+                position: 100,
+                params: p,
+            })
+            .collect();
+        let run = |above: usize| {
+            reqs.par_iter()
+                .map_init(
+                    || Sampler::with_fused_above(above),
+                    |s, r| s.sample(r).unwrap().token,
+                )
+                .collect::<Vec<u32>>()
+        };
+        // The paths agree (a few rows: the tests cover the rest).
+        let few = &reqs[..4];
+        let pick = |above: usize| -> Vec<u32> {
+            let mut s = Sampler::with_fused_above(above);
+            few.iter().map(|r| s.sample(r).unwrap().token).collect()
+        };
+        assert_eq!(pick(0), pick(usize::MAX), "the paths must agree");
+        let mut g = c.benchmark_group(format!("full_vocab_64x129280_{name}"));
+        g.sample_size(10).measurement_time(Duration::from_secs(2));
+        g.bench_function("fused", |b| b.iter(|| black_box(sample_batch(&reqs))));
+        g.bench_function("listing_old", |b| b.iter(|| black_box(run(usize::MAX))));
+        g.finish();
+    }
+}
+
 fn bench_verify(c: &mut Criterion) {
     // 8 distinct target blocks shared by the 256 rows keep memory modest
     // (each row still reads its whole (n+1) x V block).
@@ -179,5 +228,5 @@ fn bench_verify(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_sample, bench_verify);
+criterion_group!(benches, bench_sample, bench_full_vocab, bench_verify);
 criterion_main!(benches);

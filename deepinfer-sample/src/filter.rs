@@ -33,36 +33,65 @@ pub(crate) fn rank(a: &Cand, b: &Cand) -> Ordering {
         .then(a.id.cmp(&b.id))
 }
 
+/// What [`gather`] found.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gathered {
+    /// Number of allowed tokens.
+    pub allowed: usize,
+    /// `Some(l_max)` when the listing passed its limit: `out` was emptied
+    /// and only the maximum adjusted logit was tracked from then on.
+    pub overflow: Option<f32>,
+}
+
 /// Collect the allowed tokens of `row` into `out`: all of them when `keep` is
 /// `None`, else the `keep` best (fewer if fewer are allowed), found with one
 /// streaming pass plus occasional partial selections. With `cutoff = Some(c)`
 /// tokens more than `c` below the running maximum may be left out: callers
 /// pass a `c` past which the integer weight is 0, so the filtered distribution
-/// (and every draw from it) is unchanged. Returns the number of allowed tokens.
+/// (and every draw from it) is unchanged. With `keep = None`, once more than
+/// `limit` tokens are listed the listing stops (see [`Gathered::overflow`]);
+/// the scan still checks every allowed logit and counts them.
 pub(crate) fn gather<L: LogitValue>(
     row: &Row<'_, L>,
     keep: Option<usize>,
     cutoff: Option<f32>,
+    limit: usize,
     out: &mut Vec<Cand>,
-) -> Result<usize, SampleError> {
+) -> Result<Gathered, SampleError> {
     out.clear();
     let mut threshold = f32::NEG_INFINITY;
     let cut = cutoff.unwrap_or(f32::INFINITY);
     let mut top = f32::NEG_INFINITY;
-    // Raise the scan threshold to `top - cut` (never lower it).
+    // Raise the scan threshold to just below `top - cut` (never lower it).
+    // `l - cut` rounds, possibly up (to `l` itself when `cut` is below half
+    // its spacing, which would drop ties of the maximum): the next float down
+    // is strictly below the exact difference.
     let raise = |l: f32, top: &mut f32, th: &mut f32| {
         if l > *top {
             *top = l;
-            let floor = l - cut;
+            let floor = (l - cut).next_down();
             if floor > *th {
                 *th = floor;
             }
         }
     };
+    let mut overflow = false;
     let allowed = match keep {
         None => row.scan(&mut threshold, |id, l, th| {
+            if overflow {
+                // The threshold is the running maximum: only a new maximum
+                // gets here (ties keep the first, as `best` does).
+                top = l;
+                *th = l;
+                return;
+            }
             out.push(Cand { id, l, w: 0 });
             raise(l, &mut top, th);
+            if out.len() > limit {
+                overflow = true;
+                out.clear();
+                *th = top;
+            }
         })?,
         Some(k) => {
             let k = k.max(1);
@@ -89,7 +118,10 @@ pub(crate) fn gather<L: LogitValue>(
             allowed
         }
     };
-    Ok(allowed)
+    Ok(Gathered {
+        allowed,
+        overflow: overflow.then_some(top),
+    })
 }
 
 /// The best-ranked candidate (`cands` must be non-empty).

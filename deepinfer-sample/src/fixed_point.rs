@@ -52,17 +52,31 @@ pub const EXP_POLY: [f32; 6] = [
 /// from IEEE `f32` operations so every platform (and a CUDA kernel that
 /// follows the same steps) gets the same bits. `det_exp(0) == 1` exactly;
 /// arguments below [`EXP_CUTOFF`] (and NaN) give 0.
-#[inline]
+///
+/// Written without branches (selects only, `2^n` from the bits of the
+/// rounding sum) so loops over many tokens vectorise; it equals the
+/// straightforward form ([`crate::reference::det_exp`]) bit for bit.
+#[inline(always)]
 pub fn det_exp(x: f32) -> f32 {
     let below = x.is_nan() || x < EXP_CUTOFF;
-    let x = if below { EXP_CUTOFF } else { x.min(0.0) };
-    let n = (x * EXP_LOG2E + EXP_ROUND_MAGIC) - EXP_ROUND_MAGIC;
+    let x = if below {
+        EXP_CUTOFF
+    } else if x < 0.0 {
+        x
+    } else {
+        0.0
+    };
+    let y = x * EXP_LOG2E + EXP_ROUND_MAGIC;
+    let n = y - EXP_ROUND_MAGIC;
     let f = (x - n * EXP_LN2_HI) - n * EXP_LN2_LO;
     let c = EXP_POLY;
     let p =
         (((((c[0] * f + c[1]) * f + c[2]) * f + c[3]) * f + c[4]) * f + c[5]) * (f * f) + f + 1.0;
-    // n is in [-126, 0], so 2^n is a normal f32 built from its exponent bits.
-    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    // n is an integer in [-126, 0], so y = 1.5 * 2^23 + n lies in the binade of
+    // the magic constant (unit spacing): its bits minus the constant's bits are
+    // n. 2^n is then a normal f32 built from its exponent bits.
+    let n_bits = y.to_bits().wrapping_sub(EXP_ROUND_MAGIC.to_bits());
+    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
     let r = p * scale;
     if below { 0.0 } else { r }
 }
@@ -73,6 +87,28 @@ pub fn weight_of(r: f32) -> u64 {
     // The product is in [0, 2^32], so the signed conversion (one instruction
     // on x86-64) truncates exactly like an unsigned one.
     (f64::from(r) * WEIGHT_ONE as f64) as i64 as u64
+}
+
+/// [`weight_of`] in two 16-bit halves, with `f32` and `i32` operations only
+/// (which vectorise where `f64 -> i64` conversions do not):
+/// `weight_of(r) == (hi << 16) + lo`, `hi <= 2^16`, `lo < 2^16`.
+///
+/// `hi = floor(r * 2^16)`; `a = r * 2^32` and `hi * 2^16` are exact, and so is
+/// their difference (both are multiples of the spacing of `a`, and the
+/// difference is below `2^16`), so `lo = floor(a - hi * 2^16)`.
+#[inline(always)]
+pub(crate) fn weight_halves(r: f32) -> (u32, u32) {
+    // Clamping to [0, 1] changes nothing for a relative probability but lets
+    // the truncations below skip the saturating conversion, which does not
+    // vectorise (NaN, which `det_exp` never gives, would map to 0).
+    let r = if r > 0.0 { r } else { 0.0 };
+    let r = if r < 1.0 { r } else { 1.0 };
+    // SAFETY: `r * 2^16` is finite and in [0, 2^16], representable as i32.
+    let hi: i32 = unsafe { (r * 65_536.0).to_int_unchecked() };
+    let a = r * 4_294_967_296.0;
+    // SAFETY: `a - hi * 2^16` is exact and in [0, 2^16) (see above).
+    let lo: i32 = unsafe { (a - hi as f32 * 65_536.0).to_int_unchecked() };
+    (hi as u32, lo as u32)
 }
 
 /// Weight of a token whose adjusted logit trails the row maximum by
@@ -135,6 +171,76 @@ mod tests {
             assert!(v <= prev, "x={x}");
             prev = v;
         }
+    }
+
+    /// Compare with the straightforward forms over every `stride`-th bit
+    /// pattern of `[lo, hi]`.
+    fn sweep(lo: u32, hi: u32, stride: usize) {
+        for bits in (lo..=hi).step_by(stride) {
+            let x = f32::from_bits(bits);
+            let a = det_exp(x);
+            let b = crate::reference::det_exp(x);
+            assert_eq!(a.to_bits(), b.to_bits(), "x = {x:e}");
+        }
+    }
+
+    #[test]
+    fn branch_free_exp_equals_the_straightforward_form() {
+        // Negative values down to -inf (and NaN payloads), then positives.
+        sweep(0x8000_0000, 0xFFFF_FFFF, 199);
+        sweep(0x0000_0000, 0x7FFF_FFFF, 10_007);
+        for x in [
+            0.0f32,
+            -0.0,
+            -87.0,
+            -87.000_01,
+            -86.999_99,
+            f32::NAN,
+            f32::INFINITY,
+        ] {
+            assert_eq!(det_exp(x).to_bits(), crate::reference::det_exp(x).to_bits());
+        }
+    }
+
+    #[test]
+    #[ignore = "exhaustive over [-88, 0]: about a minute in release"]
+    fn branch_free_exp_equals_the_straightforward_form_exhaustively() {
+        sweep(0x8000_0000, 0xC2B0_0000, 1);
+    }
+
+    fn halves_sweep(stride: usize) {
+        for bits in (0..=1.0f32.to_bits()).step_by(stride) {
+            let r = f32::from_bits(bits);
+            let (hi, lo) = weight_halves(r);
+            assert!(hi <= 1 << 16 && lo < 1 << 16, "r = {r:e}");
+            assert_eq!(
+                (u64::from(hi) << 16) + u64::from(lo),
+                weight_of(r),
+                "r = {r:e}"
+            );
+        }
+    }
+
+    #[test]
+    fn weight_halves_equal_weight_of() {
+        halves_sweep(97);
+        for r in [
+            0.0f32,
+            1.0,
+            0.5,
+            2f32.powi(-32),
+            2f32.powi(-33),
+            1.0 - f32::EPSILON / 2.0,
+        ] {
+            let (hi, lo) = weight_halves(r);
+            assert_eq!((u64::from(hi) << 16) + u64::from(lo), weight_of(r));
+        }
+    }
+
+    #[test]
+    #[ignore = "exhaustive over [0, 1]: about a minute in release"]
+    fn weight_halves_equal_weight_of_exhaustively() {
+        halves_sweep(1);
     }
 
     #[test]

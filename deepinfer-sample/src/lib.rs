@@ -4,6 +4,7 @@ pub mod batch;
 pub mod error;
 mod filter;
 pub mod fixed_point;
+mod fused;
 pub mod logits;
 pub mod params;
 pub mod reference;

@@ -143,7 +143,31 @@ impl<L: LogitValue> Row<'_, L> {
     /// `visit(token, adjusted_logit)` for each token whose adjusted logit is
     /// above `*threshold` (which `visit` may raise). Errors on the first
     /// non-finite allowed logit. Returns how many tokens are allowed.
-    pub fn scan<F>(&self, threshold: &mut f32, mut visit: F) -> Result<usize, SampleError>
+    pub fn scan<F>(&self, threshold: &mut f32, visit: F) -> Result<usize, SampleError>
+    where
+        F: FnMut(u32, f32, &mut f32),
+    {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { self.scan_avx2(threshold, visit) };
+        }
+        self.scan_body(threshold, visit)
+    }
+
+    /// [`Self::scan`] compiled for AVX2: comparisons and maxima only, so the
+    /// same results as the baseline build.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn scan_avx2<F>(&self, threshold: &mut f32, visit: F) -> Result<usize, SampleError>
+    where
+        F: FnMut(u32, f32, &mut f32),
+    {
+        self.scan_body(threshold, visit)
+    }
+
+    #[inline(always)]
+    fn scan_body<F>(&self, threshold: &mut f32, mut visit: F) -> Result<usize, SampleError>
     where
         F: FnMut(u32, f32, &mut f32),
     {

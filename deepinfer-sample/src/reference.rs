@@ -7,11 +7,29 @@
 
 use crate::error::SampleError;
 use crate::filter::{Cand, rank, top_p_need};
-use crate::fixed_point::relative_weight;
+use crate::fixed_point::{
+    EXP_CUTOFF, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_POLY, EXP_ROUND_MAGIC, relative_weight,
+};
 use crate::logits::{LogitValue, adjusted, allowed, build_adjustments, check_shape};
 use crate::params::SamplingParams;
 use crate::rng::{DrawKind, PhiloxStream};
 use crate::sampler::{SampleRequest, fixed_logprob};
+
+/// [`crate::fixed_point::det_exp`] in its straightforward form (early
+/// clamps, `2^n` from an integer cast): the form the recipe describes, which
+/// the branch-free one must equal bit for bit.
+pub fn det_exp(x: f32) -> f32 {
+    let below = x.is_nan() || x < EXP_CUTOFF;
+    let x = if below { EXP_CUTOFF } else { x.min(0.0) };
+    let n = (x * EXP_LOG2E + EXP_ROUND_MAGIC) - EXP_ROUND_MAGIC;
+    let f = (x - n * EXP_LN2_HI) - n * EXP_LN2_LO;
+    let c = EXP_POLY;
+    let p =
+        (((((c[0] * f + c[1]) * f + c[2]) * f + c[3]) * f + c[4]) * f + c[5]) * (f * f) + f + 1.0;
+    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    let r = p * scale;
+    if below { 0.0 } else { r }
+}
 
 /// The filtered distribution by the sort definition: `(token, weight)`
 /// sorted by token id, and the total weight.

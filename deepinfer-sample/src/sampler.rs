@@ -3,7 +3,8 @@
 
 use crate::error::SampleError;
 use crate::filter::{Cand, best, gather, rank, top_k, top_p_filter, top_p_need, weigh};
-use crate::fixed_point::{det_exp, pick};
+use crate::fixed_point::{WEIGHT_ONE, det_exp, pick};
+use crate::fused::{FusedScratch, draw_full};
 use crate::logits::{Adjust, LogitValue, Row, build_adjustments, check_shape};
 use crate::params::{LogprobSource, SamplingParams};
 use crate::rng::{DrawKind, PhiloxStream};
@@ -55,7 +56,16 @@ pub struct Scratch {
     pub(crate) cands: Vec<Cand>,
     pub(crate) adjust: Vec<Adjust>,
     pub(crate) alts: Vec<Cand>,
+    pub(crate) fused: FusedScratch,
 }
+
+/// Default of [`Sampler::with_fused_above`]: rows with more candidates than
+/// this (tokens within reach of a non-zero weight) take the fused
+/// full-vocabulary path. Listing costs about 80 instructions per candidate,
+/// the fused path about 15 per vocabulary entry, so listing wins below
+/// roughly a fifth of the vocabulary; 8192 suits vocabularies from 32k to
+/// 256k.
+pub const FUSED_ABOVE: usize = 8192;
 
 impl Scratch {
     /// Empty buffers.
@@ -78,6 +88,25 @@ pub(crate) fn distribution<L: LogitValue>(
     prune: bool,
     s: &mut Scratch,
 ) -> Result<DistInfo, SampleError> {
+    // An unbounded listing never overflows, so the row is always listed.
+    let _ = gather_row(logits, mask, history, params, alts, prune, usize::MAX, s)?;
+    Ok(filter_listed(params, alts, s))
+}
+
+/// The first half of [`distribution`]: check the row and list its
+/// candidates into `s.cands`. With top-k off, a row with more than `limit`
+/// candidates stops listing them and gives `Some(l_max)` for [`draw_full`].
+#[allow(clippy::too_many_arguments)]
+fn gather_row<L: LogitValue>(
+    logits: &[L],
+    mask: Option<&[u32]>,
+    history: &[u32],
+    params: &SamplingParams,
+    alts: usize,
+    prune: bool,
+    limit: usize,
+    s: &mut Scratch,
+) -> Result<Option<f32>, SampleError> {
     params.validate()?;
     let vocab = logits.len();
     check_shape(vocab, mask)?;
@@ -101,10 +130,18 @@ pub(crate) fn distribution<L: LogitValue>(
     // clamped to 1e-5) then collect only the ties of the maximum instead of the vocabulary.
     let cutoff = (prune && params.top_logprobs == 0)
         .then(|| ZERO_WEIGHT_SPAN * params.effective_temperature());
-    let allowed = gather(&row, keep, cutoff, &mut s.cands)?;
-    if allowed == 0 {
+    let gathered = gather(&row, keep, cutoff, limit, &mut s.cands)?;
+    if gathered.allowed == 0 {
         return Err(SampleError::MaskForbidsAll);
     }
+    Ok(gathered.overflow)
+}
+
+/// The second half of [`distribution`]: filter the listed candidates and
+/// weigh them.
+fn filter_listed(params: &SamplingParams, alts: usize, s: &mut Scratch) -> DistInfo {
+    let want_alts = alts > 0 && params.logprob_source == LogprobSource::Processed;
+    let k = params.top_k as usize;
     s.alts.clear();
     if want_alts {
         s.alts.extend_from_slice(&s.cands);
@@ -126,14 +163,14 @@ pub(crate) fn distribution<L: LogitValue>(
     s.cands.sort_unstable_by_key(|c| c.id);
     let total = s.cands.iter().map(|c| c.w).sum();
     let top = Cand {
-        w: crate::fixed_point::WEIGHT_ONE,
+        w: WEIGHT_ONE,
         ..top
     };
-    Ok(DistInfo {
+    DistInfo {
         total,
         top,
         temperature,
-    })
+    }
 }
 
 /// Draw a survivor of `cands` (sorted by id) with the fixed-point CDF.
@@ -208,15 +245,34 @@ fn logprobs<L: LogitValue>(
 }
 
 /// Samples rows, reusing its buffers between calls.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Sampler {
     scratch: Scratch,
+    fused_above: usize,
+}
+
+impl Default for Sampler {
+    fn default() -> Self {
+        Self::with_fused_above(FUSED_ABOVE)
+    }
 }
 
 impl Sampler {
     /// A sampler with empty buffers.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A sampler whose rows without top-k and without alternatives switch to
+    /// the fused full-vocabulary path once more than `candidates` tokens are
+    /// within reach of a non-zero weight (default [`FUSED_ABOVE`]). A tuning
+    /// knob only: every token and log-probability is the same for any value
+    /// (`usize::MAX` keeps the listing path, 0 fuses every such row).
+    pub fn with_fused_above(candidates: usize) -> Self {
+        Self {
+            scratch: Scratch::default(),
+            fused_above: candidates,
+        }
     }
 
     /// Sample one row. The result depends only on the request.
@@ -226,17 +282,53 @@ impl Sampler {
     ) -> Result<SampleOutput, SampleError> {
         let s = &mut self.scratch;
         let p = req.params;
-        let info = distribution(
+        // Alternatives need the listing; top-k rows list at most ~2k tokens.
+        let fusable = p.top_logprobs == 0 && p.top_k == 0;
+        let limit = if fusable {
+            self.fused_above
+        } else {
+            usize::MAX
+        };
+        let overflow = gather_row(
             req.logits,
             req.mask,
             req.history,
             p,
             p.top_logprobs,
             true,
+            limit,
             s,
         )?;
         let mut stream = PhiloxStream::for_draw(p.seed, req.position, DrawKind::Sample);
-        let chosen = draw(&s.cands, info.total, &mut stream);
+        let (info, chosen) = match overflow {
+            None => {
+                let info = filter_listed(p, p.top_logprobs, s);
+                let chosen = draw(&s.cands, info.total, &mut stream);
+                (info, chosen)
+            }
+            Some(l_max) => {
+                let row = Row {
+                    logits: req.logits,
+                    mask: req.mask,
+                    adjust: &s.adjust,
+                    params: p,
+                };
+                let (chosen, total) = draw_full(&row, l_max, p, &mut stream, &mut s.fused);
+                s.cands.clear();
+                s.alts.clear();
+                let info = DistInfo {
+                    total,
+                    // Only the maximum logit of `top` is read past this point.
+                    top: Cand {
+                        id: chosen.id,
+                        l: l_max,
+                        w: WEIGHT_ONE,
+                    },
+                    temperature: p.effective_temperature(),
+                };
+                (info, chosen)
+            }
+        };
         let (logprob, top_logprobs) = logprobs(req.logits, req.mask, p, &info, chosen, s)?;
         Ok(SampleOutput {
             token: chosen.id,

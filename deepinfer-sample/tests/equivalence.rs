@@ -171,3 +171,39 @@ fn pruned_rows_of_a_full_vocabulary_equal_the_sort_definition() {
         }
     }
 }
+
+#[test]
+fn ties_of_large_logits_at_the_greedy_temperature_all_survive() {
+    // At 9920 the f32 spacing (2^-10) exceeds the zero-weight span at
+    // temperature 1e-5 (24e-5), so `top - span` rounds back to `top`: the
+    // pruning threshold must still let the ties of the maximum through.
+    let mut logits = vec![-9000.0f32; 2000];
+    for (i, l) in [(432, 9920.0), (790, 9920.0), (1623, 9920.0), (5, 9919.0)] {
+        logits[i] = l;
+    }
+    let params = SamplingParams {
+        temperature: 0.0,
+        seed: 18,
+        ..SamplingParams::default()
+    };
+    let mut seen = [false; 3];
+    for position in 0..64 {
+        let req = SampleRequest {
+            logits: &logits,
+            mask: None,
+            history: &[],
+            position,
+            params: &params,
+        };
+        let a = sample(&req).unwrap();
+        let (token, lp) = sample_sorted(&req).unwrap();
+        assert_eq!((a.token, a.logprob.to_bits()), (token, lp.to_bits()));
+        assert_eq!(a.logprob, -(3f32.ln()));
+        seen[[432, 790, 1623].iter().position(|&t| t == a.token).unwrap()] = true;
+    }
+    assert_eq!(seen, [true; 3]);
+    assert_eq!(
+        filtered_weights(&logits, None, &[], &params),
+        sorted_weights(&logits, None, &[], &params)
+    );
+}

@@ -1,0 +1,482 @@
+//! The fused full-vocabulary path: rows where most of the vocabulary keeps a
+//! non-zero weight (temperature around 1, no top-k) are drawn without listing
+//! candidates.
+//!
+//! The filtered distribution and the draw are those of the listing path (same
+//! weights, same survivors, same target, same token), computed differently:
+//! * one pass computes every weight (`det_exp`, then [`weight_halves`]: `f32`
+//!   and `i32` arithmetic only, so the loop over a 32-token chunk vectorises)
+//!   and sums them per block of 1024 tokens, storing nothing per token;
+//! * the target `t = below(W)` selects a block from the block sums, and only
+//!   that block is weighed again to find the token (integer sums are exact,
+//!   so prefix sums by block equal the token-by-token ones);
+//! * top-p adds a pass that builds a histogram of weight by rank bucket (a
+//!   monotone function of the logit), finds the bucket where the best-first
+//!   prefix reaches its target, and resolves only that bucket's tokens with
+//!   the weighted quickselect of the listing path.
+
+use crate::filter::{Cand, top_p_need, weighted_prefix};
+use crate::fixed_point::{det_exp, weight_halves};
+use crate::logits::{LogitValue, Row, adjusted};
+use crate::params::SamplingParams;
+use crate::rng::PhiloxStream;
+
+/// Tokens per chunk (one mask word).
+const LANES: usize = 32;
+/// Tokens per block of the block sums.
+pub(crate) const BLOCK: usize = 1024;
+/// Rank buckets of the top-p histogram.
+const BUCKETS: usize = 2048;
+/// Buckets per unit of `-x` (`x = (l - l_max) / T`): bucket
+/// `floor(min(-x * 64, 2047))`. Weights are 0 below `x = -22.2`, so every
+/// positive weight falls below the last bucket.
+const BUCKET_SCALE: f32 = 64.0;
+
+/// Buffers of the fused path (contents never affect results).
+#[derive(Debug, Default)]
+pub(crate) struct FusedScratch {
+    blocks: Vec<u64>,
+    hist: Vec<u64>,
+    edge: Vec<Cand>,
+    /// Top-p only: each token's weight and rank bucket from the first pass.
+    weights: Vec<u64>,
+    buckets: Vec<u16>,
+}
+
+/// 32 consecutive tokens: adjusted logits and which of them are allowed.
+struct Chunk {
+    base: usize,
+    vals: [f32; LANES],
+    bits: u32,
+}
+
+/// Per-lane results of weighing a chunk.
+struct Weighed {
+    /// High and low 16-bit halves of the weight (0 for tokens not allowed).
+    hi: [u32; LANES],
+    lo: [u32; LANES],
+    /// Whether the weight reaches the min-p floor and the token is allowed.
+    floor_ok: [bool; LANES],
+    /// Rank bucket.
+    bucket: [u32; LANES],
+}
+
+/// The parameters every pass shares.
+#[derive(Clone, Copy)]
+struct Consts {
+    l_max: f32,
+    temperature: f32,
+    /// The smallest `f32` at least the min-p floor: `w >= floor` iff
+    /// `r * 2^32 >= floor_a` (`w = floor(r * 2^32)` and `floor` is an integer).
+    floor_a: f32,
+}
+
+/// Weight of one lane: `(hi, lo, r * 2^32, x)`.
+#[inline(always)]
+fn lane(v: f32, k: &Consts) -> (u32, u32, f32, f32) {
+    let x = (v - k.l_max) / k.temperature;
+    let r = det_exp(x);
+    let (hi, lo) = weight_halves(r);
+    (hi, lo, r * 4_294_967_296.0, x)
+}
+
+/// Rank bucket of `x`: monotone in x (hence in the logit); NaN (only from an
+/// infinite temperature, weight 0) lands in the last bucket.
+#[inline(always)]
+fn bucket_of(x: f32) -> u32 {
+    let y = -x * BUCKET_SCALE;
+    let y = if y < (BUCKETS - 1) as f32 {
+        y
+    } else {
+        (BUCKETS - 1) as f32
+    };
+    let y = if y > 0.0 { y } else { 0.0 };
+    // SAFETY: y is finite and in [0, BUCKETS - 1], representable as i32 (a
+    // plain `as` would not vectorise).
+    (unsafe { y.to_int_unchecked::<i32>() }) as u32
+}
+
+impl Consts {
+    /// Sum of the weights of the allowed lanes of `c` that reach the floor.
+    #[inline(always)]
+    fn chunk_sum(&self, c: &Chunk) -> u64 {
+        let (mut hs, mut ls) = ([0u32; 8], [0u32; 8]);
+        for g in 0..LANES / 8 {
+            for j in 0..8 {
+                let lane_id = g * 8 + j;
+                let (hi, lo, a, _) = lane(c.vals[lane_id], self);
+                let allowed = (c.bits >> lane_id) & 1 == 1;
+                let m = if allowed && a >= self.floor_a {
+                    u32::MAX
+                } else {
+                    0
+                };
+                hs[j] += hi & m;
+                ls[j] += lo & m;
+            }
+        }
+        join(hs.iter().sum(), ls.iter().sum())
+    }
+
+    /// Weigh the lanes of `c` one by one (rank buckets included).
+    #[inline(always)]
+    fn weigh(&self, c: &Chunk, out: &mut Weighed) {
+        for j in 0..LANES {
+            let (hi, lo, a, x) = lane(c.vals[j], self);
+            let allowed = (c.bits >> j) & 1 == 1;
+            out.hi[j] = if allowed { hi } else { 0 };
+            out.lo[j] = if allowed { lo } else { 0 };
+            out.floor_ok[j] = allowed && a >= self.floor_a;
+            out.bucket[j] = bucket_of(x);
+        }
+    }
+}
+
+/// The weight from its halves.
+#[inline(always)]
+fn join(hi: u32, lo: u32) -> u64 {
+    (u64::from(hi) << 16) + u64::from(lo)
+}
+
+/// Walks a row 32 tokens at a time, applying mask and adjustments. Tokens
+/// not allowed (and the padding of a short last chunk) get the value `fill`
+/// and a clear bit.
+struct Chunks<'r, 'a, L> {
+    row: &'r Row<'a, L>,
+    next: usize,
+    end: usize,
+    next_adj: usize,
+    fill: f32,
+    c: Chunk,
+}
+
+impl<'r, 'a, L: LogitValue> Chunks<'r, 'a, L> {
+    /// The chunks starting in `tokens` (`tokens.start` a multiple of 32).
+    #[inline(always)]
+    fn new(row: &'r Row<'a, L>, tokens: std::ops::Range<usize>, fill: f32) -> Self {
+        Self {
+            row,
+            next: tokens.start,
+            end: tokens.end.min(row.logits.len()),
+            next_adj: row
+                .adjust
+                .partition_point(|a| (a.id as usize) < tokens.start),
+            fill,
+            c: Chunk {
+                base: 0,
+                vals: [fill; LANES],
+                bits: 0,
+            },
+        }
+    }
+
+    /// Load the next chunk into `self.c`; false when there is none.
+    #[inline(always)]
+    fn advance(&mut self) -> bool {
+        let base = self.next;
+        if base >= self.end {
+            return false;
+        }
+        let row = self.row;
+        let adjust = row.adjust;
+        let chunk = &row.logits[base..(base + LANES).min(self.end)];
+        self.next = base + chunk.len();
+        let full: u32 = if chunk.len() == LANES {
+            u32::MAX
+        } else {
+            (1u32 << chunk.len()) - 1
+        };
+        let bits = row.mask.map_or(full, |m| m[base / LANES] & full);
+        let chunk_end = base + chunk.len();
+        let mut next_adj = self.next_adj;
+        let adj_here = next_adj < adjust.len() && (adjust[next_adj].id as usize) < chunk_end;
+        let c = &mut self.c;
+        c.base = base;
+        c.bits = bits;
+        if bits == u32::MAX && !adj_here {
+            for (v, s) in c.vals.iter_mut().zip(chunk) {
+                *v = s.to_f32();
+            }
+            return true;
+        }
+        for (j, slot) in c.vals.iter_mut().enumerate() {
+            let token = base + j;
+            let mut v = self.fill;
+            if bits >> j & 1 == 1 {
+                v = chunk[j].to_f32();
+                while next_adj < adjust.len() && (adjust[next_adj].id as usize) < token {
+                    next_adj += 1;
+                }
+                if next_adj < adjust.len() && adjust[next_adj].id as usize == token {
+                    v = adjusted(v, &adjust[next_adj], row.params);
+                }
+            }
+            *slot = v;
+        }
+        while next_adj < adjust.len() && (adjust[next_adj].id as usize) < chunk_end {
+            next_adj += 1;
+        }
+        self.next_adj = next_adj;
+        true
+    }
+}
+
+/// The adjusted logit of an allowed token (as [`Chunks`] computes it).
+fn adjusted_value<L: LogitValue>(row: &Row<'_, L>, id: u32) -> f32 {
+    let v = row.logits[id as usize].to_f32();
+    match row.adjust.binary_search_by_key(&id, |a| a.id) {
+        Ok(i) => adjusted(v, &row.adjust[i], row.params),
+        Err(_) => v,
+    }
+}
+
+/// Index of the block where the running sum of `blocks` passes `target`,
+/// and the sum of the blocks before it.
+fn find_block(blocks: &[u64], target: u64) -> (usize, u64) {
+    let mut acc = 0u64;
+    for (b, &sum) in blocks.iter().enumerate() {
+        if acc + sum > target {
+            return (b, acc);
+        }
+        acc += sum;
+    }
+    (blocks.len() - 1, acc)
+}
+
+/// Draw one token of a row whose allowed adjusted logits have maximum `l_max`
+/// (all finite; checked by the caller's scan), with top-k off. Returns the
+/// chosen token (id, adjusted logit, weight) and the total surviving weight:
+/// exactly what the listing path gives.
+pub(crate) fn draw_full<L: LogitValue>(
+    row: &Row<'_, L>,
+    l_max: f32,
+    params: &SamplingParams,
+    stream: &mut PhiloxStream,
+    s: &mut FusedScratch,
+) -> (Cand, u64) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { draw_full_avx2(row, l_max, params, stream, s) };
+    }
+    draw_full_body(row, l_max, params, stream, s)
+}
+
+/// [`draw_full`] compiled for AVX2 (8 lanes instead of 4). The same IEEE
+/// operations in the same order (Rust never contracts `a * b + c` into an
+/// FMA), so the same bits as the baseline build.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn draw_full_avx2<L: LogitValue>(
+    row: &Row<'_, L>,
+    l_max: f32,
+    params: &SamplingParams,
+    stream: &mut PhiloxStream,
+    s: &mut FusedScratch,
+) -> (Cand, u64) {
+    draw_full_body(row, l_max, params, stream, s)
+}
+
+#[inline(always)]
+fn draw_full_body<L: LogitValue>(
+    row: &Row<'_, L>,
+    l_max: f32,
+    params: &SamplingParams,
+    stream: &mut PhiloxStream,
+    s: &mut FusedScratch,
+) -> (Cand, u64) {
+    let floor = if params.min_p > 0.0 {
+        params.min_p_weight()
+    } else {
+        0
+    };
+    let mut floor_a = floor as f32;
+    if (floor_a as f64) < floor as f64 {
+        floor_a = floor_a.next_up();
+    }
+    let k = Consts {
+        l_max,
+        temperature: params.effective_temperature(),
+        floor_a,
+    };
+    let vocab = row.logits.len();
+    let mut w = Weighed {
+        hi: [0; LANES],
+        lo: [0; LANES],
+        floor_ok: [false; LANES],
+        bucket: [0; LANES],
+    };
+    s.blocks.clear();
+    s.blocks.resize(vocab.div_ceil(BLOCK), 0);
+    if params.top_p < 1.0 {
+        return draw_top_p(row, &k, floor, params, stream, s, &mut w);
+    }
+    let mut it = Chunks::new(row, 0..vocab, l_max);
+    while it.advance() {
+        s.blocks[it.c.base / BLOCK] += k.chunk_sum(&it.c);
+    }
+    let total: u64 = s.blocks.iter().sum();
+    // The top token has weight 2^32 and survives every filter, so total > 0.
+    let target = stream.below(total);
+    let (block, mut acc) = find_block(&s.blocks, target);
+    let start = block * BLOCK;
+    let mut it = Chunks::new(row, start..start + BLOCK, l_max);
+    while it.advance() {
+        let c = &it.c;
+        k.weigh(c, &mut w);
+        for j in 0..LANES {
+            if !w.floor_ok[j] {
+                continue;
+            }
+            let wt = join(w.hi[j], w.lo[j]);
+            acc += wt;
+            if acc > target {
+                let id = (c.base + j) as u32;
+                return (
+                    Cand {
+                        id,
+                        l: c.vals[j],
+                        w: wt,
+                    },
+                    total,
+                );
+            }
+        }
+    }
+    // Unreachable: the block's surviving weights sum past the target.
+    (
+        Cand {
+            id: 0,
+            l: l_max,
+            w: 0,
+        },
+        total,
+    )
+}
+
+/// [`draw_full`] with top-p: a first pass stores every weight and rank
+/// bucket and sums weight per bucket; the bucket where the best-first prefix
+/// reaches its target is resolved exactly; a second pass over the stored
+/// weights sums the survivors per block.
+#[inline(always)]
+fn draw_top_p<L: LogitValue>(
+    row: &Row<'_, L>,
+    k: &Consts,
+    floor: u64,
+    params: &SamplingParams,
+    stream: &mut PhiloxStream,
+    s: &mut FusedScratch,
+    w: &mut Weighed,
+) -> (Cand, u64) {
+    const LAST: u16 = (BUCKETS - 1) as u16;
+    let vocab = row.logits.len();
+    // Top-p comes before min-p: the histogram takes every weight.
+    let no_floor = Consts { floor_a: 0.0, ..*k };
+    s.hist.clear();
+    s.hist.resize(BUCKETS, 0);
+    if s.weights.len() < vocab {
+        s.weights.resize(vocab, 0);
+        s.buckets.resize(vocab, 0);
+    }
+    let mut it = Chunks::new(row, 0..vocab, k.l_max);
+    while it.advance() {
+        let c = &it.c;
+        no_floor.weigh(c, w);
+        let n = (vocab - c.base).min(LANES);
+        let ws = &mut s.weights[c.base..c.base + n];
+        let bs = &mut s.buckets[c.base..c.base + n];
+        for j in 0..n {
+            let wt = join(w.hi[j], w.lo[j]);
+            // Tokens not allowed weigh 0 and go to the last bucket, which
+            // holds only zero weights and so is never the edge.
+            let b = if (c.bits >> j) & 1 == 1 {
+                w.bucket[j] as u16
+            } else {
+                LAST
+            };
+            ws[j] = wt;
+            bs[j] = b;
+            s.hist[b as usize] += wt;
+        }
+    }
+    let z: u64 = s.hist.iter().sum();
+    let need = top_p_need(z, params.top_p_fixed());
+    let mut above = 0u64;
+    let mut edge = 0u16;
+    for (b, &h) in s.hist.iter().enumerate() {
+        if above + h >= need {
+            edge = b as u16;
+            break;
+        }
+        above += h;
+    }
+    // Survivors below the edge bucket, per block; the edge bucket's tokens
+    // are listed and resolved exactly by rank.
+    s.edge.clear();
+    let weights = &s.weights[..vocab];
+    let buckets = &s.buckets[..vocab];
+    for (bi, (ws, bs)) in weights.chunks(BLOCK).zip(buckets.chunks(BLOCK)).enumerate() {
+        let mut sum = 0u64;
+        let mut on_edge = 0u32;
+        for (&wt, &b) in ws.iter().zip(bs) {
+            sum += if b < edge && wt >= floor { wt } else { 0 };
+            on_edge += u32::from(b == edge);
+        }
+        s.blocks[bi] = sum;
+        if on_edge > 0 {
+            for (j, (&wt, &b)) in ws.iter().zip(bs).enumerate() {
+                if b == edge {
+                    let id = (bi * BLOCK + j) as u32;
+                    s.edge.push(Cand {
+                        id,
+                        l: adjusted_value(row, id),
+                        w: wt,
+                    });
+                }
+            }
+        }
+    }
+    let n = weighted_prefix(&mut s.edge, need.saturating_sub(above).max(1));
+    s.edge.truncate(n);
+    s.edge.retain(|c| c.w >= floor);
+    s.edge.sort_unstable_by_key(|c| c.id);
+    for c in &s.edge {
+        s.blocks[c.id as usize / BLOCK] += c.w;
+    }
+    let total: u64 = s.blocks.iter().sum();
+    // The top token has weight 2^32 and survives every filter, so total > 0.
+    let target = stream.below(total);
+    let (block, mut acc) = find_block(&s.blocks, target);
+    let start = block * BLOCK;
+    let end = (start + BLOCK).min(vocab);
+    for id in start..end {
+        let (wt, b) = (weights[id], buckets[id]);
+        let keep = wt >= floor
+            && (b < edge
+                || (b == edge && s.edge.binary_search_by_key(&(id as u32), |c| c.id).is_ok()));
+        if !keep {
+            continue;
+        }
+        acc += wt;
+        if acc > target {
+            let id = id as u32;
+            return (
+                Cand {
+                    id,
+                    l: adjusted_value(row, id),
+                    w: wt,
+                },
+                total,
+            );
+        }
+    }
+    // Unreachable: the block's surviving weights sum past the target.
+    (
+        Cand {
+            id: 0,
+            l: k.l_max,
+            w: 0,
+        },
+        total,
+    )
+}

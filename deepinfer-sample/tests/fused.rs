@@ -1,0 +1,191 @@
+//! The fused full-vocabulary path draws the same token with the same
+//! log-probability as the listing path and as the sort definition, for any
+//! logits, mask, penalties, temperature, top-p, min-p, seed and position.
+
+use deepinfer_sample::reference::sample_sorted;
+use deepinfer_sample::sampler::FUSED_ABOVE;
+use deepinfer_sample::{
+    LogitValue, LogprobSource, SampleRequest, Sampler, SamplingParams, mask_words,
+};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Case {
+    logits: Vec<f32>,
+    mask: Option<Vec<u32>>,
+    history: Vec<u32>,
+    params: SamplingParams,
+    position: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    // Up to a few blocks of 1024 tokens, ragged ends included.
+    (1usize..4200, any::<u64>(), 0u8..5).prop_flat_map(|(vocab, seed, flavour)| {
+        let logit = match flavour {
+            // Few distinct values: many ties, also across the top-p edge.
+            0 => (-3i32..4).prop_map(|v| v as f32 * 0.5).boxed(),
+            1 => (-20.0f32..20.0).boxed(),
+            2 => (-1.0f32..1.0).prop_map(|v| v * 1e-3).boxed(),
+            // Huge spreads: most weights underflow to 0.
+            3 => prop_oneof![(-1e4f32..1e4), Just(0.0f32), Just(-0.0f32)].boxed(),
+            _ => prop_oneof![(-5.0f32..5.0), Just(0.0f32), Just(-0.0f32)].boxed(),
+        };
+        (
+            proptest::collection::vec(logit, vocab),
+            proptest::option::of(proptest::collection::vec(
+                prop_oneof![Just(u32::MAX), any::<u32>(), Just(0u32)],
+                mask_words(vocab),
+            )),
+            proptest::collection::vec(0..vocab as u32, 0..8),
+            prop_oneof![Just(1.0f32), 0.01f32..1.0, Just(0.999_999f32)],
+            prop_oneof![Just(0.0f32), 0.0f32..0.5, Just(1.0f32)],
+            prop_oneof![
+                Just(1.0f32),
+                Just(0.0f32),
+                0.05f32..4.0,
+                Just(1e-4f32),
+                Just(100.0f32)
+            ],
+            prop_oneof![Just(1.0f32), 0.5f32..2.0],
+            (-1.0f32..1.0, -1.0f32..1.0),
+            proptest::collection::vec((0..vocab as u32, -3.0f32..3.0), 0..4),
+            (0u64..1_000_000, any::<bool>()),
+        )
+            .prop_map(
+                move |(
+                    logits,
+                    mask,
+                    history,
+                    top_p,
+                    min_p,
+                    temperature,
+                    repetition_penalty,
+                    (presence_penalty, frequency_penalty),
+                    logit_bias,
+                    (position, processed),
+                )| Case {
+                    logits,
+                    mask,
+                    history,
+                    params: SamplingParams {
+                        temperature,
+                        top_p,
+                        min_p,
+                        repetition_penalty,
+                        presence_penalty,
+                        frequency_penalty,
+                        logit_bias,
+                        seed,
+                        logprob_source: if processed {
+                            LogprobSource::Processed
+                        } else {
+                            LogprobSource::Sampled
+                        },
+                        ..SamplingParams::default()
+                    },
+                    position,
+                },
+            )
+    })
+}
+
+fn check<L: LogitValue>(c: &Case, logits: &[L]) -> Result<(), TestCaseError> {
+    let req = SampleRequest {
+        logits,
+        mask: c.mask.as_deref(),
+        history: &c.history,
+        position: c.position,
+        params: &c.params,
+    };
+    let fused = Sampler::with_fused_above(0).sample(&req);
+    let listed = Sampler::with_fused_above(usize::MAX).sample(&req);
+    let default = Sampler::new().sample(&req);
+    prop_assert_eq!(&fused, &listed);
+    prop_assert_eq!(&default, &listed);
+    if let Ok(out) = &fused {
+        prop_assert_eq!(
+            out.logprob.to_bits(),
+            listed.as_ref().unwrap().logprob.to_bits()
+        );
+        if c.params.logprob_source == LogprobSource::Sampled {
+            let (token, lp) = sample_sorted(&req).unwrap();
+            prop_assert_eq!(out.token, token);
+            prop_assert_eq!(out.logprob.to_bits(), lp.to_bits());
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn fused_equals_listing_f32(c in case()) {
+        check(&c, &c.logits)?;
+    }
+
+    #[test]
+    fn fused_equals_listing_bf16(c in case()) {
+        let row: Vec<half::bf16> = c.logits.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        check(&c, &row)?;
+    }
+}
+
+/// Pseudo-normal logits (sum of four uniforms), as in the bench.
+fn full_row(seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 40) as f32 / (1u64 << 24) as f32
+    };
+    (0..129_280)
+        .map(|_| (next() + next() + next() + next() - 2.0) * 6.0)
+        .collect()
+}
+
+#[test]
+fn full_vocabulary_rows_take_the_fused_path_and_match() {
+    let logits = full_row(3);
+    let mut mask = vec![u32::MAX; mask_words(logits.len())];
+    mask[7] = 0x0F0F_0F0F;
+    mask[4039] = 0;
+    for (temperature, top_p, min_p) in [
+        (1.0, 1.0, 0.0),
+        (1.0, 0.9, 0.0),
+        (0.7, 0.95, 0.0),
+        (1.0, 1.0, 1e-4),
+        (1.3, 0.5, 1e-3),
+    ] {
+        for position in 0..3 {
+            let params = SamplingParams {
+                temperature,
+                top_p,
+                min_p,
+                seed: 17 + position,
+                presence_penalty: 0.5,
+                logit_bias: vec![(12, 3.0), (129_279, -2.0)],
+                ..SamplingParams::default()
+            };
+            for m in [None, Some(&mask[..])] {
+                let req = SampleRequest {
+                    logits: &logits[..],
+                    mask: m,
+                    history: &[5, 12, 5, 100_000],
+                    position,
+                    params: &params,
+                };
+                let fused = Sampler::new().sample(&req).unwrap();
+                let listed = Sampler::with_fused_above(usize::MAX).sample(&req).unwrap();
+                assert_eq!(fused, listed, "t {temperature} top_p {top_p} min_p {min_p}");
+                let (token, lp) = sample_sorted(&req).unwrap();
+                assert_eq!(
+                    (fused.token, fused.logprob.to_bits()),
+                    (token, lp.to_bits())
+                );
+            }
+        }
+    }
+    assert!(FUSED_ABOVE < logits.len());
+}
