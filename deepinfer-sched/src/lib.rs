@@ -6,7 +6,6 @@
 pub mod cost_model;
 pub mod eplb;
 mod error;
-mod prefetch;
 mod request;
 pub mod router;
 mod scheduler;

@@ -21,7 +21,6 @@ use deepinfer_spec::Planner;
 
 use crate::cost_model::{PrefillCostModel, StepFeatures, StepSample};
 use crate::error::SchedError;
-use crate::prefetch;
 use crate::request::{
     DecodeRow, FinishReason, Finished, NewRequest, PlanFix, PrefillChunk, RequestId, RowOutput,
     StepOutput, StepPlan, UpdateResult,
@@ -328,6 +327,11 @@ pub struct Scheduler {
     running: Vec<u32>,
     /// One bit per running slot: finished during the current `update`.
     finished_mask: Vec<u64>,
+    /// Steps since the running slab was last checked for order (see `compact_running`).
+    steps_since_compact: u32,
+    /// Scratch of `compact_running`: slot permutation and the spare slab.
+    perm_scratch: Vec<u32>,
+    slab_scratch: Vec<Option<Req>>,
     flights: VecDeque<Flight>,
     next_arrival: u64,
     next_step: u64,
@@ -420,6 +424,9 @@ impl Scheduler {
             num_waiting: 0,
             running: Vec::new(),
             finished_mask: Vec::new(),
+            steps_since_compact: 0,
+            perm_scratch: Vec::new(),
+            slab_scratch: Vec::new(),
             flights: VecDeque::new(),
             next_arrival: 0,
             next_step: 0,
@@ -573,6 +580,58 @@ impl Scheduler {
         let loc = Loc { slot, parked };
         self.ids.insert(id, loc);
         loc
+    }
+
+    /// Renumber the running slab so that slot order is the running order: the
+    /// per-step walks then read the records one after the other (which the
+    /// hardware prefetcher follows) instead of hopping around the slab as slots
+    /// are reused. Rows in flight are renumbered with them; a row whose request
+    /// left the slab gets a slot that matches nothing, so it is resolved by id.
+    fn compact_running(&mut self) {
+        let mut perm = std::mem::take(&mut self.perm_scratch);
+        perm.clear();
+        perm.resize(self.slots.len(), u32::MAX);
+        let mut slab = std::mem::take(&mut self.slab_scratch);
+        slab.clear();
+        slab.reserve(self.slots.len());
+        for &s in &self.running {
+            perm[s as usize] = slab.len() as u32;
+            slab.push(self.slots[s as usize].take());
+        }
+        // Only running requests live in this slab; keep any other record anyway.
+        for (s, r) in self.slots.iter_mut().enumerate() {
+            if r.is_some() {
+                perm[s] = slab.len() as u32;
+                slab.push(r.take());
+            }
+        }
+        std::mem::swap(&mut self.slots, &mut slab);
+        self.slab_scratch = slab;
+        self.free_slots.clear();
+        for (i, s) in self.running.iter_mut().enumerate() {
+            *s = i as u32;
+        }
+        for (i, r) in self.slots.iter().enumerate() {
+            if let Some(r) = r {
+                self.ids.insert(
+                    r.id,
+                    Loc {
+                        slot: i as u32,
+                        parked: false,
+                    },
+                );
+            }
+        }
+        let new_slot = |s: u32| perm.get(s as usize).copied().unwrap_or(u32::MAX);
+        for f in &mut self.flights {
+            for fr in &mut f.prefill {
+                fr.slot = new_slot(fr.slot);
+            }
+            for fr in &mut f.rows {
+                fr.slot = new_slot(fr.slot);
+            }
+        }
+        self.perm_scratch = perm;
     }
 
     /// Take a record out of its slab (its id stays mapped; the caller re-places or forgets it).
@@ -852,6 +911,18 @@ impl Scheduler {
         self.plan_drafts();
 
         let no_drafts = self.draft_plan.is_empty();
+        // Every 16 steps: when more than an eighth of the running list is out of
+        // slot order, renumber the slab (amortised: one pass over the running
+        // requests every few dozen steps of steady decoding).
+        self.steps_since_compact += 1;
+        if self.steps_since_compact >= 16 {
+            self.steps_since_compact = 0;
+            let n = self.running.len();
+            let disorder = self.running.windows(2).filter(|w| w[1] != w[0] + 1).count();
+            if n >= 2 && disorder * 8 >= n {
+                self.compact_running();
+            }
+        }
 
         // Running requests first, in priority / arrival order.
         let mut i = 0;
@@ -861,9 +932,8 @@ impl Scheduler {
             }
             // Prefetch: the request records 8 rows ahead, their KV entries 4 rows
             // ahead (the loads each row waits for; the token writes do not stall).
-            if let Some(&s8) = self.running.get(i + 8) {
-                prefetch::lines(self.slots.as_ptr().wrapping_add(s8 as usize), 2);
-            }
+            // The KV entries 4 rows ahead: the load each row waits for (the slab
+            // is walked in order, its token writes do not stall).
             if let Some(&s4) = self.running.get(i + 4)
                 && let Some(Some(r4)) = self.slots.get(s4 as usize)
                 && let Some(h) = r4.kv
@@ -1384,11 +1454,10 @@ impl Scheduler {
         if dense {
             // One token per live decode row, in row order: nothing else to read.
             let mut dense_tokens = out.decode_tokens.iter();
-            for (k, fr) in flight.rows.iter().enumerate() {
+            for fr in &flight.rows {
                 if fr.cancelled {
                     continue;
                 }
-                self.prefetch_row(&flight.rows, k);
                 let Some(&t) = dense_tokens.next() else { break };
                 // Steady case: the request still runs on the row's KV sequence and
                 // nothing speculative is pending, so the token only extends the
@@ -1431,8 +1500,7 @@ impl Scheduler {
                     self.apply_decode(fr, std::slice::from_ref(&t), &[], false, &mut res)?;
             }
         } else {
-            for (k, fr) in flight.rows.iter().enumerate().filter(|f| !f.1.cancelled) {
-                self.prefetch_row(&flight.rows, k);
+            for fr in flight.rows.iter().filter(|f| !f.cancelled) {
                 let (o, toks, confs) = cur.next(out);
                 any_finished |= self.apply_decode(fr, toks, confs, o.stop, &mut res)?;
             }
@@ -1471,15 +1539,6 @@ impl Scheduler {
 
         self.reconcile_pending(&mut res);
         Ok(res)
-    }
-
-    /// Prefetch for the update walk over decode rows: the request records 8
-    /// rows ahead of row `k`.
-    #[inline(always)]
-    fn prefetch_row(&self, rows: &[DecodeFlight], k: usize) {
-        if let Some(f) = rows.get(k + 8) {
-            prefetch::lines(self.slots.as_ptr().wrapping_add(f.slot as usize), 2);
-        }
     }
 
     /// Applies a prefill chunk's result (see `update`); true when a running
