@@ -43,10 +43,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use half::{bf16, f16};
 
-use super::{CudaBackend, CudaQuant, dev};
+use super::{CudaBackend, CudaQuant, dev, grid1};
 use crate::DType;
 use crate::backend::{Backend, ExpertWeights, HcMixes, RouteParams, TensorInfo, Unary};
 use crate::cpu::{CpuBackend, CpuConfig, CpuTensor};
@@ -162,27 +162,43 @@ fn unary_code(f: Unary) -> i32 {
     }
 }
 
-fn grid1(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: ((n as u64).div_ceil(256).max(1) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
 /// Launches the one-thread-per-element kernel `$entry` of `elementwise.cu` over `$n` outputs
 /// into a new f32 buffer `$y`, with the argument list `$args` (which must mention `&mut $y`).
 macro_rules! elementwise {
     ($self:ident, $entry:expr, $n:expr, $y:ident, [$($arg:expr),* $(,)?]) => {{
-        let f = $self.function("elementwise", $entry)?;
         let mut $y = $self.stream.alloc_zeros::<f32>($n).map_err(dev("alloc"))?;
-        let mut b = $self.stream.launch_builder(&f);
-        $( b.arg($arg); )*
         // SAFETY: each call site passes exactly the parameter list of `$entry` (see the
         // comment there), with buffers of `$n` elements; one thread per element.
-        unsafe { b.launch(grid1($n)) }.map_err(dev("launch elementwise"))?;
+        launch!($self, "elementwise", $entry, grid1($n), [$($arg),*])?;
         $y
     }};
+}
+
+/// One `match` arm per plain element type (F32, BF16, F16, I32, I64), each handing the
+/// variant's name to the per-type macro `$m` (which expands for that variant), plus the
+/// caller's remaining arms. Over a [`Buf`] the variant's slice is bound to `$s` and passed
+/// along; over a [`DType`] only the name is.
+macro_rules! per_plain_type {
+    (buf $e:expr, |$s:ident| $m:ident, $($rest:tt)*) => {
+        match $e {
+            Buf::F32($s) => $m!(F32, $s),
+            Buf::BF16($s) => $m!(BF16, $s),
+            Buf::F16($s) => $m!(F16, $s),
+            Buf::I32($s) => $m!(I32, $s),
+            Buf::I64($s) => $m!(I64, $s),
+            $($rest)*
+        }
+    };
+    (dtype $e:expr, $m:ident, $($rest:tt)*) => {
+        match $e {
+            DType::F32 => $m!(F32),
+            DType::BF16 => $m!(BF16),
+            DType::F16 => $m!(F16),
+            DType::I32 => $m!(I32),
+            DType::I64 => $m!(I64),
+            $($rest)*
+        }
+    };
 }
 
 /// Checks that `len` values fill `shape`.
@@ -219,6 +235,21 @@ impl CudaBackend {
         } else {
             self.upload(data)
         }
+    }
+
+    /// Uploads `data` (checked to fill `shape`) into the buffer variant `wrap`.
+    fn upload_as<T: DeviceRepr + Default>(
+        &self,
+        op: &'static str,
+        data: &[T],
+        shape: &[usize],
+        wrap: fn(Arc<CudaSlice<T>>) -> Buf,
+    ) -> Result<CudaTensor> {
+        check_len(op, data.len(), shape)?;
+        Ok(CudaTensor {
+            shape: shape.to_vec(),
+            buf: wrap(Arc::new(self.put(data)?)),
+        })
     }
 
     fn get<T: DeviceRepr>(&self, s: &CudaSlice<T>, numel: usize) -> Result<Vec<T>> {
@@ -383,25 +414,21 @@ impl CudaBackend {
         eps: f32,
         iters: usize,
     ) -> Result<[CudaSlice<f32>; 3]> {
-        let f = self.function("hc", "hc_mixes")?;
         let z = |len| self.stream.alloc_zeros::<f32>(len).map_err(dev("alloc"));
         let (mut pre, mut post, mut comb) = (z(s_len * n)?, z(s_len * n)?, z(s_len * n * n)?);
         let (si, ni, it) = (s_len as i32, n as i32, iters.min(i32::MAX as usize) as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(mix)
-            .arg(scale)
-            .arg(base)
-            .arg(&mut pre)
-            .arg(&mut post)
-            .arg(&mut comb)
-            .arg(&si)
-            .arg(&ni)
-            .arg(&eps)
-            .arg(&it);
         // SAFETY: (mix, scale, base, pre, post, comb, s_len, n, eps, iters) matches `hc_mixes`;
         // the caller checked mix = s_len*(2+n)*n, scale >= 3, base = (2+n)*n floats and
         // n <= 8; one thread per row.
-        unsafe { b.launch(grid1(s_len)) }.map_err(dev("launch hc_mixes"))?;
+        launch!(
+            self,
+            "hc",
+            "hc_mixes",
+            grid1(s_len),
+            [
+                mix, scale, base, &mut pre, &mut post, &mut comb, &si, &ni, &eps, &it
+            ]
+        )?;
         Ok([pre, post, comb])
     }
 
@@ -475,23 +502,20 @@ impl CudaBackend {
         }
         let idx: Vec<i32> = ids.iter().map(|&e| e as i32).collect();
         let idx = self.upload(&idx)?;
-        let f = self.function("moe", "moe_combine")?;
         let mut out = self
             .stream
             .alloc_zeros::<f32>(s * d)
             .map_err(dev("alloc"))?;
         let (si, ki, di) = (s as i32, k as i32, d as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&y)
-            .arg(&idx)
-            .arg(wv)
-            .arg(&mut out)
-            .arg(&si)
-            .arg(&ki)
-            .arg(&di);
         // SAFETY: (y, idx, wts, out, s_len, k, d) matches `moe_combine`; y holds s*k*d floats,
         // idx and wts s*k, out s*d; one thread per output.
-        unsafe { b.launch(grid1(s * d)) }.map_err(dev("launch moe_combine"))?;
+        launch!(
+            self,
+            "moe",
+            "moe_combine",
+            grid1(s * d),
+            [&y, &idx, wv, &mut out, &si, &ki, &di]
+        )?;
         Ok(Some(CudaTensor::f32(&[s, d], out)))
     }
 
@@ -505,16 +529,19 @@ impl CudaBackend {
         d: usize,
     ) -> Result<CudaTensor> {
         let (si, ni, di) = (s as i32, n as i32, d as i32);
-        let f = self.function("hc", "hc_collapse")?;
         let mut y = self
             .stream
             .alloc_zeros::<f32>(s * d)
             .map_err(dev("alloc"))?;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(xv).arg(pv).arg(&mut y).arg(&si).arg(&ni).arg(&di);
         // SAFETY: (x, pre, y, s_len, n, d) matches `hc_collapse`; the callers checked that x
         // holds s*n*d floats and pre s*n; y holds s*d; one thread per output.
-        unsafe { b.launch(grid1(s * d)) }.map_err(dev("launch hc_collapse"))?;
+        launch!(
+            self,
+            "hc",
+            "hc_collapse",
+            grid1(s * d),
+            [xv, pv, &mut y, &si, &ni, &di]
+        )?;
         Ok(CudaTensor::f32(&[s, d], y))
     }
 
@@ -554,39 +581,25 @@ impl Backend for CudaBackend {
     // ---- data movement -------------------------------------------------------------------
 
     fn upload_f32(&self, data: &[f32], shape: &[usize]) -> Result<CudaTensor> {
-        check_len("upload_f32", data.len(), shape)?;
-        Ok(CudaTensor::f32(shape, self.put(data)?))
+        self.upload_as("upload_f32", data, shape, Buf::F32)
     }
 
     fn upload_bf16(&self, data: &[bf16], shape: &[usize]) -> Result<CudaTensor> {
-        check_len("upload_bf16", data.len(), shape)?;
         let bits: Vec<u16> = data.iter().map(|v| v.to_bits()).collect();
-        Ok(CudaTensor {
-            shape: shape.to_vec(),
-            buf: Buf::BF16(Arc::new(self.put(&bits)?)),
-        })
+        self.upload_as("upload_bf16", &bits, shape, Buf::BF16)
     }
 
     fn upload_f16(&self, data: &[f16], shape: &[usize]) -> Result<CudaTensor> {
-        check_len("upload_f16", data.len(), shape)?;
         let bits: Vec<u16> = data.iter().map(|v| v.to_bits()).collect();
-        Ok(CudaTensor {
-            shape: shape.to_vec(),
-            buf: Buf::F16(Arc::new(self.put(&bits)?)),
-        })
+        self.upload_as("upload_f16", &bits, shape, Buf::F16)
     }
 
     fn upload_i32(&self, data: &[i32], shape: &[usize]) -> Result<CudaTensor> {
-        check_len("upload_i32", data.len(), shape)?;
-        Ok(CudaTensor::i32(shape, self.put(data)?))
+        self.upload_as("upload_i32", data, shape, Buf::I32)
     }
 
     fn upload_i64(&self, data: &[i64], shape: &[usize]) -> Result<CudaTensor> {
-        check_len("upload_i64", data.len(), shape)?;
-        Ok(CudaTensor {
-            shape: shape.to_vec(),
-            buf: Buf::I64(Arc::new(self.put(data)?)),
-        })
+        self.upload_as("upload_i64", data, shape, Buf::I64)
     }
 
     fn upload_quant(&self, q: &QuantMatrix) -> Result<CudaTensor> {
@@ -637,19 +650,12 @@ impl Backend for CudaBackend {
                 Buf::$v(Arc::new(self.stream.alloc_zeros(n).map_err(dev("alloc"))?))
             };
         }
-        let buf = match dtype {
-            DType::F32 => z!(F32),
-            DType::BF16 => z!(BF16),
-            DType::F16 => z!(F16),
-            DType::I32 => z!(I32),
-            DType::I64 => z!(I64),
-            d => {
-                return Err(KernelError::DType {
-                    op: "zeros",
-                    dtype: d,
-                });
-            }
-        };
+        let buf = per_plain_type!(dtype dtype, z, d => {
+            return Err(KernelError::DType {
+                op: "zeros",
+                dtype: d,
+            });
+        });
         Ok(CudaTensor {
             shape: shape.to_vec(),
             buf,
@@ -706,21 +712,14 @@ impl Backend for CudaBackend {
             if inner > 0 {
                 macro_rules! cut {
                     ($v:ident, $s:expr) => {
-                        Buf::$v(Arc::new(
+                        Some(Buf::$v(Arc::new(
                             self.stream
                                 .clone_dtod(&$s.slice(a..b))
                                 .map_err(dev("narrow"))?,
-                        ))
+                        )))
                     };
                 }
-                let buf = match &t.buf {
-                    Buf::F32(s) => Some(cut!(F32, s)),
-                    Buf::BF16(s) => Some(cut!(BF16, s)),
-                    Buf::F16(s) => Some(cut!(F16, s)),
-                    Buf::I32(s) => Some(cut!(I32, s)),
-                    Buf::I64(s) => Some(cut!(I64, s)),
-                    Buf::Quant(_) => None,
-                };
+                let buf = per_plain_type!(buf &t.buf, |s| cut, Buf::Quant(_) => None);
                 if let Some(buf) = buf {
                     return Ok(CudaTensor { shape, buf });
                 }
@@ -746,7 +745,7 @@ impl Backend for CudaBackend {
             let mut shape = f.shape.clone();
             shape[0] = ts.iter().map(|t| t.shape[0]).sum();
             macro_rules! cat {
-                ($v:ident) => {{
+                ($v:ident, $_s:ident) => {{
                     let parts: Vec<(&CudaSlice<_>, usize)> = ts
                         .iter()
                         .filter(|t| t.numel() > 0)
@@ -758,14 +757,9 @@ impl Backend for CudaBackend {
                     Buf::$v(Arc::new(self.concat_dev(&parts)?))
                 }};
             }
-            let buf = match f.buf {
-                Buf::F32(_) => cat!(F32),
-                Buf::BF16(_) => cat!(BF16),
-                Buf::F16(_) => cat!(F16),
-                Buf::I32(_) => cat!(I32),
-                Buf::I64(_) => cat!(I64),
+            let buf = per_plain_type!(buf &f.buf, |_s| cat,
                 Buf::Quant(_) => return Err(invalid("concat", "quantised tensor")),
-            };
+            );
             return Ok(CudaTensor { shape, buf });
         }
         let host: Vec<CpuTensor> = ts.iter().map(|t| self.host(t)).collect::<Result<_>>()?;
@@ -982,23 +976,20 @@ impl Backend for CudaBackend {
             && let Some([xv, wv]) = all_f32([x, w])
         {
             let (s, g, i, r) = (x.shape[0], x.shape[1], x.shape[2], w.shape[1]);
-            let f = self.function("gemm", "grouped_matmul")?;
             let mut y = self
                 .stream
                 .alloc_zeros::<f32>(s * g * r)
                 .map_err(dev("alloc"))?;
             let (si, gi, ii, ri) = (s as i32, g as i32, i as i32, r as i32);
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(xv)
-                .arg(wv)
-                .arg(&mut y)
-                .arg(&si)
-                .arg(&gi)
-                .arg(&ii)
-                .arg(&ri);
             // SAFETY: (x, w, y, s_len, groups, inner, rank) matches `grouped_matmul`; x holds
             // s*g*i floats, w g*r*i, y s*g*r; one warp (32 threads) per output.
-            unsafe { b.launch(grid1(s * g * r * 32)) }.map_err(dev("launch grouped_matmul"))?;
+            launch!(
+                self,
+                "gemm",
+                "grouped_matmul",
+                grid1(s * g * r * 32),
+                [xv, wv, &mut y, &si, &gi, &ii, &ri]
+            )?;
             return Ok(CudaTensor::f32(&[s, g, r], y));
         }
         let r = self.cpu.grouped_matmul(&self.host(x)?, &self.host(w)?)?;
@@ -1241,23 +1232,19 @@ impl Backend for CudaBackend {
         {
             let (s, n, d) = (x.shape[0], x.shape[1], x.shape[2]);
             let (si, ni, di) = (s as i32, n as i32, d as i32);
-            let f = self.function("hc", "hc_expand")?;
             let mut y = self
                 .stream
                 .alloc_zeros::<f32>(s * n * d)
                 .map_err(dev("alloc"))?;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(xv)
-                .arg(ov)
-                .arg(pv)
-                .arg(cv)
-                .arg(&mut y)
-                .arg(&si)
-                .arg(&ni)
-                .arg(&di);
             // SAFETY: (x, out, post, comb, y, s_len, n, d) matches `hc_expand`; shapes checked
             // above, y holds s*n*d floats; one thread per output.
-            unsafe { b.launch(grid1(s * n * d)) }.map_err(dev("launch hc_expand"))?;
+            launch!(
+                self,
+                "hc",
+                "hc_expand",
+                grid1(s * n * d),
+                [xv, ov, pv, cv, &mut y, &si, &ni, &di]
+            )?;
             return Ok(CudaTensor::f32(&x.shape, y));
         }
         let r = self.cpu.hc_expand(

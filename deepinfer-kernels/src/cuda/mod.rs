@@ -14,6 +14,24 @@
 //! (hyper-connections, grouped expert GEMM, some layout ops, fake quantisation, ..) round-trip
 //! through the host and the CPU backend; that module lists which.
 
+/// Launches kernel `$entry` of the source file `$file` with launch configuration `$cfg` and
+/// the kernel arguments in order (references to buffers and scalars); evaluates to
+/// `Result<()>`. The launch is unsafe: every call site is preceded by a `// SAFETY:` comment
+/// saying why the arguments match the kernel's parameters and the buffers are large enough
+/// for `$cfg`.
+macro_rules! launch {
+    ($self:expr, $file:expr, $entry:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+        let entry: &str = $entry;
+        let f = $self.function($file, entry)?;
+        let mut b = $self.stream.launch_builder(&f);
+        $( b.arg($arg); )*
+        // SAFETY: the call site states that the arguments match `entry` and `$cfg`.
+        unsafe { b.launch($cfg) }
+            .map(|_| ())
+            .map_err(|e| $crate::error::KernelError::Device(format!("launch {entry}: {e:?}")))
+    }};
+}
+
 pub mod impl_backend;
 pub mod nvrtc;
 mod ops;
@@ -34,6 +52,15 @@ use crate::sampling::SampleRow;
 
 fn dev<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> KernelError + '_ {
     move |e| KernelError::Device(format!("{what}: {e:?}"))
+}
+
+/// One thread per element, blocks of 256.
+fn grid1(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u64).div_ceil(256).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// NVRTC target for a compute capability: arch-specific features on Hopper (`sm_90a`) and the
@@ -204,7 +231,6 @@ impl CudaBackend {
                 format!("x {} w {} for m {m} n {n} k {k}", x.len(), w.len()),
             ));
         }
-        let f = self.function(file, entry)?;
         let mut y = self
             .stream
             .alloc_zeros::<f32>(m * n)
@@ -215,11 +241,9 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(w).arg(&mut y).arg(&mi).arg(&ni).arg(&ki);
         // SAFETY: the argument list matches the kernel signature (x, w, y, m, n, k) and the
         // buffers hold m*k, n*k and m*n elements as checked above.
-        unsafe { b.launch(cfg) }.map_err(dev("launch gemv"))?;
+        launch!(self, file, entry, cfg, [x, w, &mut y, &mi, &ni, &ki])?;
         Ok(y)
     }
 
@@ -237,7 +261,6 @@ impl CudaBackend {
                 format!("x {} w {} d {d}", x.len(), w.len()),
             ));
         }
-        let f = self.function("norm", "rms_norm")?;
         let mut y = self
             .stream
             .alloc_zeros::<f32>(x.len())
@@ -248,11 +271,9 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 256 * 4,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(w).arg(&mut y).arg(&di).arg(&eps);
         // SAFETY: (x, w, y, d, eps) matches `rms_norm`; 256 threads with 256 floats of shared
         // memory for the block reduction.
-        unsafe { b.launch(cfg) }.map_err(dev("launch rms_norm"))?;
+        launch!(self, "norm", "rms_norm", cfg, [x, w, &mut y, &di, &eps])?;
         Ok(y)
     }
 
@@ -269,7 +290,6 @@ impl CudaBackend {
                 format!("{} logits for {} rows", logits.len(), rows.len()),
             ));
         }
-        let f = self.function("sample", "sample_rows")?;
         let seeds = self.upload(&rows.iter().map(|r| r.seed).collect::<Vec<u64>>())?;
         let pos = self.upload(&rows.iter().map(|r| r.position).collect::<Vec<u64>>())?;
         let temps = self.upload(&rows.iter().map(|r| r.temperature).collect::<Vec<f32>>())?;
@@ -283,16 +303,15 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(logits)
-            .arg(&seeds)
-            .arg(&pos)
-            .arg(&temps)
-            .arg(&mut out)
-            .arg(&vi);
         // SAFETY: (logits, seeds, positions, temps, out, vocab) matches `sample_rows`, one
         // block of 256 threads per row (the kernel's static shared memory is sized for 256).
-        unsafe { b.launch(cfg) }.map_err(dev("launch sample"))?;
+        launch!(
+            self,
+            "sample",
+            "sample_rows",
+            cfg,
+            [logits, &seeds, &pos, &temps, &mut out, &vi]
+        )?;
         self.download(&out)
     }
 }

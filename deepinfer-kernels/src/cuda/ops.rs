@@ -7,19 +7,10 @@
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas_sys};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{CudaBackend, dev};
+use super::{CudaBackend, dev, grid1};
 use crate::backend::{RouteParams, RouteScore};
 use crate::error::{Result, invalid, shape_err};
 use crate::quant::{QuantFormat, QuantMatrix};
-
-/// One thread per element, blocks of 256.
-fn grid1(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: ((n as u64).div_ceil(256).max(1) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
 
 fn i32_of(op: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| invalid(op, format!("{v} exceeds i32")))
@@ -101,43 +92,38 @@ impl CudaBackend {
                 block_cols,
                 ..
             } => {
-                let f = self.function("quant", "dequantize_fp8")?;
                 let s = q
                     .scales_f32
                     .as_ref()
                     .ok_or_else(|| invalid(OP, "no scales"))?;
                 let (r, c) = (i32_of(OP, q.rows)?, i32_of(OP, q.cols)?);
                 let (br, bc) = (i32_of(OP, block_rows)?, i32_of(OP, block_cols)?);
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(&q.data)
-                    .arg(s)
-                    .arg(&mut y)
-                    .arg(&r)
-                    .arg(&c)
-                    .arg(&br)
-                    .arg(&bc);
                 // SAFETY: (q, scales, y, rows, cols, block_rows, block_cols) matches
                 // `dequantize_fp8`; q and y hold rows*cols elements, scales one per tile.
-                unsafe { b.launch(grid1(n)) }.map_err(dev("launch dequantize_fp8"))?;
+                launch!(
+                    self,
+                    "quant",
+                    "dequantize_fp8",
+                    grid1(n),
+                    [&q.data, s, &mut y, &r, &c, &br, &bc]
+                )?;
             }
             _ => {
-                let f = self.function("quant", "dequantize_fp4")?;
                 let s = q
                     .scale_bytes
                     .as_ref()
                     .ok_or_else(|| invalid(OP, "no scales"))?;
                 let bytes = (n / 2) as u64;
                 let nv = i32::from(q.format == QuantFormat::Nvfp4);
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(&q.data)
-                    .arg(s)
-                    .arg(&mut y)
-                    .arg(&bytes)
-                    .arg(&nv)
-                    .arg(&q.tensor_scale);
                 // SAFETY: (q, scales, y, bytes, nvfp4, tensor_scale) matches `dequantize_fp4`;
                 // q holds n/2 bytes, y n floats, scales one byte per 16 or 32 values.
-                unsafe { b.launch(grid1(n / 2)) }.map_err(dev("launch dequantize_fp4"))?;
+                launch!(
+                    self,
+                    "quant",
+                    "dequantize_fp4",
+                    grid1(n / 2),
+                    [&q.data, s, &mut y, &bytes, &nv, &q.tensor_scale]
+                )?;
             }
         }
         Ok(y)
@@ -169,44 +155,34 @@ impl CudaBackend {
                 block_cols,
                 ..
             } => {
-                let f = self.function("gemv", "gemv_fp8")?;
                 let s = w
                     .scales_f32
                     .as_ref()
                     .ok_or_else(|| invalid(OP, "no scales"))?;
                 let (br, bc) = (i32_of(OP, block_rows)?, i32_of(OP, block_cols)?);
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(x)
-                    .arg(&w.data)
-                    .arg(s)
-                    .arg(&mut y)
-                    .arg(&mi)
-                    .arg(&ni)
-                    .arg(&ki)
-                    .arg(&br)
-                    .arg(&bc);
                 // SAFETY: the arguments match `gemv_fp8`; x is m*k, w n*k bytes, y m*n.
-                unsafe { b.launch(cfg) }.map_err(dev("launch gemv_fp8"))?;
+                launch!(
+                    self,
+                    "gemv",
+                    "gemv_fp8",
+                    cfg,
+                    [x, &w.data, s, &mut y, &mi, &ni, &ki, &br, &bc]
+                )?;
             }
             _ => {
-                let f = self.function("gemv", "gemv_fp4")?;
                 let s = w
                     .scale_bytes
                     .as_ref()
                     .ok_or_else(|| invalid(OP, "no scales"))?;
                 let nv = i32::from(w.format == QuantFormat::Nvfp4);
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(x)
-                    .arg(&w.data)
-                    .arg(s)
-                    .arg(&mut y)
-                    .arg(&mi)
-                    .arg(&ni)
-                    .arg(&ki)
-                    .arg(&nv)
-                    .arg(&w.tensor_scale);
                 // SAFETY: the arguments match `gemv_fp4`; x is m*k, w n*k/2 bytes, y m*n.
-                unsafe { b.launch(cfg) }.map_err(dev("launch gemv_fp4"))?;
+                launch!(
+                    self,
+                    "gemv",
+                    "gemv_fp4",
+                    cfg,
+                    [x, &w.data, s, &mut y, &mi, &ni, &ki, &nv, &w.tensor_scale]
+                )?;
             }
         }
         Ok(y)
@@ -250,14 +226,11 @@ impl CudaBackend {
             ));
         }
         let blocks = (n / 32) as u64;
-        let f = self.function("quant", entry)?;
         let mut q = self.alloc::<u8>(n / per_byte)?;
         let mut s = self.alloc::<u8>(n / 32)?;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(&mut q).arg(&mut s).arg(&blocks);
         // SAFETY: (x, q, scales, blocks) matches the kernel; one warp per 32-value block,
         // q holds n / per_byte bytes and scales one byte per block.
-        unsafe { b.launch(grid1(n)) }.map_err(dev("launch quantize"))?;
+        launch!(self, "quant", entry, grid1(n), [x, &mut q, &mut s, &blocks])?;
         Ok((q, s))
     }
 
@@ -337,7 +310,6 @@ impl CudaBackend {
                 format!("x {} w {} for {m}×{n}×{k}", x.len(), w.len()),
             ));
         }
-        let f = self.function("gemm", "gemm_f32_tn")?;
         let mut y = self.alloc::<f32>(m * n)?;
         let (mi, ni, ki) = (i32_of(OP, m)?, i32_of(OP, n)?, i32_of(OP, k)?);
         let cfg = LaunchConfig {
@@ -345,10 +317,14 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(w).arg(&mut y).arg(&mi).arg(&ni).arg(&ki);
         // SAFETY: (a, b, c, m, n, k) matches `gemm_f32_tn`; 256 threads per 64×64 tile.
-        unsafe { b.launch(cfg) }.map_err(dev("launch gemm_f32_tn"))?;
+        launch!(
+            self,
+            "gemm",
+            "gemm_f32_tn",
+            cfg,
+            [x, w, &mut y, &mi, &ni, &ki]
+        )?;
         Ok(y)
     }
 
@@ -413,13 +389,16 @@ impl CudaBackend {
 
     /// f32 → bf16 bits (round to nearest even, NaN kept quiet).
     pub fn to_bf16(&self, x: &CudaSlice<f32>) -> Result<CudaSlice<u16>> {
-        let f = self.function("elementwise", "f32_to_bf16")?;
         let n = x.len() as u64;
         let mut y = self.alloc::<u16>(x.len())?;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(&mut y).arg(&n);
         // SAFETY: (a, y, n) matches `f32_to_bf16`; both buffers hold n elements.
-        unsafe { b.launch(grid1(x.len())) }.map_err(dev("launch f32_to_bf16"))?;
+        launch!(
+            self,
+            "elementwise",
+            "f32_to_bf16",
+            grid1(x.len()),
+            [x, &mut y, &n]
+        )?;
         Ok(y)
     }
 
@@ -457,20 +436,18 @@ impl CudaBackend {
             return Err(shape_err(entry, format!("table {} row {row}", table.len())));
         }
         let n = ids.len();
-        let f = self.function("copy", entry)?;
         let mut out = self.alloc::<f32>(n * row)?;
         let (ni, ri) = (i32_of(entry, n)?, i32_of(entry, row)?);
         let rows = (table.len() / row) as i64;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(table)
-            .arg(ids)
-            .arg(&mut out)
-            .arg(&ni)
-            .arg(&ri)
-            .arg(&rows);
         // SAFETY: (table, ids, out, n, row, rows) matches the kernel; out holds n*row floats
         // and ids outside [0, rows) are not dereferenced.
-        unsafe { b.launch(grid1(n * row)) }.map_err(dev("launch gather"))?;
+        launch!(
+            self,
+            "copy",
+            entry,
+            grid1(n * row),
+            [table, ids, &mut out, &ni, &ri, &rows]
+        )?;
         Ok(out)
     }
 
@@ -503,7 +480,6 @@ impl CudaBackend {
         if half == 0 || x.is_empty() {
             return Ok(());
         }
-        let f = self.function("rope", "rope_interleaved")?;
         let pos_d = self.upload(pos)?;
         let freq_d = self.upload(inv_freq)?;
         let (si, ii, di, hi) = (
@@ -513,18 +489,15 @@ impl CudaBackend {
             i32_of(OP, half)?,
         );
         let sign = if inverse { -1.0f64 } else { 1.0 };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x)
-            .arg(&si)
-            .arg(&ii)
-            .arg(&di)
-            .arg(&hi)
-            .arg(&pos_d)
-            .arg(&freq_d)
-            .arg(&sign);
         // SAFETY: (x, s_len, inner, d, half, pos, inv_freq, sign) matches `rope_interleaved`;
         // x holds s_len*inner*d floats, pos s_len, inv_freq half.
-        unsafe { b.launch(grid1(s_len * inner * half)) }.map_err(dev("launch rope"))?;
+        launch!(
+            self,
+            "rope",
+            "rope_interleaved",
+            grid1(s_len * inner * half),
+            [x, &si, &ii, &di, &hi, &pos_d, &freq_d, &sign]
+        )?;
         Ok(())
     }
 
@@ -541,13 +514,16 @@ impl CudaBackend {
                 format!("gate {} up {}", g.len(), u.len()),
             ));
         }
-        let f = self.function("elementwise", "swiglu")?;
         let n = g.len() as u64;
         let mut y = self.alloc::<f32>(g.len())?;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(g).arg(u).arg(&mut y).arg(&n).arg(&limit);
         // SAFETY: (g, u, y, n, limit) matches `swiglu`; all three buffers hold n floats.
-        unsafe { b.launch(grid1(g.len())) }.map_err(dev("launch swiglu"))?;
+        launch!(
+            self,
+            "elementwise",
+            "swiglu",
+            grid1(g.len()),
+            [g, u, &mut y, &n, &limit]
+        )?;
         Ok(y)
     }
 
@@ -635,7 +611,6 @@ impl CudaBackend {
                 format!("{kk} keys per row exceed 48 KiB of shared memory"),
             ));
         }
-        let f = self.function("attention", "sink_attention")?;
         let mut o = self.alloc::<f32>(q.len())?;
         let (hi, di, ki) = (i32_of(OP, heads)?, i32_of(OP, d)?, i32_of(OP, kk)?);
         let cfg = LaunchConfig {
@@ -643,20 +618,16 @@ impl CudaBackend {
             block_dim: (128, 1, 1),
             shared_mem_bytes: shared as u32,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(q)
-            .arg(kv)
-            .arg(idx)
-            .arg(sink)
-            .arg(&mut o)
-            .arg(&hi)
-            .arg(&di)
-            .arg(&ki)
-            .arg(&scale);
         // SAFETY: (q, kv, idx, sink, o, heads, d, kk, scale) matches `sink_attention`; grid
         // (S, H) of 128 threads with kk + 128 floats of dynamic shared memory. Key indices
         // must lie in [0, J) or be -1 (the caller's contract, as on the CPU).
-        unsafe { b.launch(cfg) }.map_err(dev("launch sink_attention"))?;
+        launch!(
+            self,
+            "attention",
+            "sink_attention",
+            cfg,
+            [q, kv, idx, sink, &mut o, &hi, &di, &ki, &scale]
+        )?;
         Ok(o)
     }
 
@@ -693,17 +664,23 @@ impl CudaBackend {
         let mut stage = self.alloc::<u32>(total)?;
         let np = i32_of(OP, pairs.len())?;
         let w = words as u64;
-        let stage_fn = self.function("copy", "copy_blocks_stage")?;
-        let commit_fn = self.function("copy", "copy_blocks_commit")?;
-        let mut b = self.stream.launch_builder(&stage_fn);
-        b.arg(&*cache).arg(&mut stage).arg(&src).arg(&np).arg(&w);
         // SAFETY: (cache, stage, src, pairs, words) matches `copy_blocks_stage`; indices were
         // checked against the block count and stage holds pairs*words words.
-        unsafe { b.launch(grid1(total)) }.map_err(dev("launch copy stage"))?;
-        let mut b = self.stream.launch_builder(&commit_fn);
-        b.arg(cache).arg(&stage).arg(&dst).arg(&np).arg(&w);
+        launch!(
+            self,
+            "copy",
+            "copy_blocks_stage",
+            grid1(total),
+            [&*cache, &mut stage, &src, &np, &w]
+        )?;
         // SAFETY: as above for `copy_blocks_commit`, ordered after the stage on one stream.
-        unsafe { b.launch(grid1(total)) }.map_err(dev("launch copy commit"))?;
+        launch!(
+            self,
+            "copy",
+            "copy_blocks_commit",
+            grid1(total),
+            [cache, &stage, &dst, &np, &w]
+        )?;
         Ok(())
     }
 
@@ -715,7 +692,6 @@ impl CudaBackend {
         if d == 0 || !x.len().is_multiple_of(d) {
             return Err(shape_err(OP, format!("x {} d {d}", x.len())));
         }
-        let f = self.function("norm", "softmax_rows")?;
         let mut y = self.alloc::<f32>(x.len())?;
         let di = i32_of(OP, d)?;
         let cfg = LaunchConfig {
@@ -723,11 +699,9 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 256 * 4,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(&mut y).arg(&di);
         // SAFETY: (x, y, d) matches `softmax_rows`; one 256-thread block per row with 256
         // floats of shared memory for the reductions.
-        unsafe { b.launch(cfg) }.map_err(dev("launch softmax"))?;
+        launch!(self, "norm", "softmax_rows", cfg, [x, &mut y, &di])?;
         Ok(y)
     }
 
@@ -739,7 +713,6 @@ impl CudaBackend {
             return Err(shape_err(OP, format!("x {} row {t_len} k {k}", x.len())));
         }
         let rows = x.len() / t_len;
-        let f = self.function("indexer", "topk_rows")?;
         let mut scratch = self.alloc::<f32>(x.len())?;
         let mut out = self.alloc::<i32>(rows * k)?;
         let (ti, ki) = (i32_of(OP, t_len)?, i32_of(OP, k)?);
@@ -748,11 +721,15 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(&mut scratch).arg(&mut out).arg(&ti).arg(&ki);
         // SAFETY: (x, scratch, out, t_len, k) matches `topk_rows`; one 256-thread block per
         // row (its static shared arrays are sized for 256), scratch as large as x.
-        unsafe { b.launch(cfg) }.map_err(dev("launch topk"))?;
+        launch!(
+            self,
+            "indexer",
+            "topk_rows",
+            cfg,
+            [x, &mut scratch, &mut out, &ti, &ki]
+        )?;
         Ok(out)
     }
 
@@ -789,7 +766,6 @@ impl CudaBackend {
         let t_len = k.len() / di;
         let vis: Vec<i32> = visible.iter().map(|&v| v.min(t_len) as i32).collect();
         let vis = self.upload(&vis)?;
-        let f = self.function("indexer", "indexer_scores")?;
         let mut out = self.alloc::<f32>(s_len * t_len)?;
         let (si, hii, dii, ti) = (
             i32_of(OP, s_len)?,
@@ -797,20 +773,15 @@ impl CudaBackend {
             i32_of(OP, di)?,
             i32_of(OP, t_len)?,
         );
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(q)
-            .arg(k)
-            .arg(w)
-            .arg(&vis)
-            .arg(&mut out)
-            .arg(&si)
-            .arg(&hii)
-            .arg(&dii)
-            .arg(&ti)
-            .arg(&scale);
         // SAFETY: the arguments match `indexer_scores`; buffer sizes checked above, one
         // thread per (s, t) output.
-        unsafe { b.launch(grid1(s_len * t_len)) }.map_err(dev("launch indexer_scores"))?;
+        launch!(
+            self,
+            "indexer",
+            "indexer_scores",
+            grid1(s_len * t_len),
+            [q, k, w, &vis, &mut out, &si, &hii, &dii, &ti, &scale]
+        )?;
         Ok(out)
     }
 
@@ -844,22 +815,18 @@ impl CudaBackend {
         }
         let n_out = n - first;
         let c = if overlap { width / 2 } else { width };
-        let f = self.function("compress", "compress_pool")?;
         let mut out = self.alloc::<f32>(n_out * c)?;
         let (ni, ri, wi) = (i32_of(OP, n_out)?, i32_of(OP, ratio)?, i32_of(OP, width)?);
         let (ov, fi) = (i32::from(overlap), first as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(a)
-            .arg(z)
-            .arg(&mut out)
-            .arg(&ni)
-            .arg(&ri)
-            .arg(&wi)
-            .arg(&ov)
-            .arg(&fi);
         // SAFETY: (a, z, out, n_out, ratio, width, overlap, first) matches `compress_pool`;
         // a and z hold n*ratio*width floats, out n_out*c.
-        unsafe { b.launch(grid1(n_out * c)) }.map_err(dev("launch compress_pool"))?;
+        launch!(
+            self,
+            "compress",
+            "compress_pool",
+            grid1(n_out * c),
+            [a, z, &mut out, &ni, &ri, &wi, &ov, &fi]
+        )?;
         Ok(out)
     }
 }
