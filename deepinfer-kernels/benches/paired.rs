@@ -12,36 +12,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use deepinfer_kernels::{Backend, CpuBackend, CpuConfig, QuantFormat, QuantMatrix};
-use rayon::prelude::*;
 
-fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f32 / (1 << 24) as f32 - 0.5
-        })
-        .collect()
-}
-
-/// A plain streaming read: the wrapping sum of every 32-bit word, split into one contiguous
-/// range per thread (the bandwidth baseline).
-fn stream_read(words: &[u32], threads: usize) -> u32 {
-    words
-        .par_chunks(words.len().div_ceil(threads))
-        .map(|c| {
-            let mut acc = [0u32; 16];
-            for ch in c.chunks_exact(16) {
-                for l in 0..16 {
-                    acc[l] = acc[l].wrapping_add(ch[l]);
-                }
-            }
-            acc.iter().fold(0u32, |a, &b| a.wrapping_add(b))
-        })
-        .reduce(|| 0, |a, b| a.wrapping_add(b))
-}
+mod common;
+use common::{data, gemv_w_bf16, gemv_w_f32, gemv_x, sgemm_reference, stream_read, stream_words};
 
 fn secs(f: impl FnOnce()) -> f64 {
     let t = Instant::now();
@@ -67,16 +40,10 @@ fn gemv(threads: usize, rounds: usize) {
         .num_threads(threads)
         .build()
         .unwrap();
-    let words: Vec<u32> = data(bytes / 4, 1).iter().map(|v| v.to_bits()).collect();
-    let x = b.upload_f32(&data(k, 2), &[1, k]).unwrap();
-    let n32 = bytes / 4 / k;
-    let w32 = b.upload_f32(&data(n32 * k, 3), &[n32, k]).unwrap();
-    let n16 = bytes / 2 / k;
-    let wb: Vec<half::bf16> = data(n16 * k, 4)
-        .iter()
-        .map(|&v| half::bf16::from_f32(v))
-        .collect();
-    let wb = b.upload_bf16(&wb, &[n16, k]).unwrap();
+    let words = stream_words(bytes);
+    let x = gemv_x(&b, k);
+    let w32 = gemv_w_f32(&b, bytes, k);
+    let wb = gemv_w_bf16(&b, bytes, k);
     // Quantised weights of 16384 rows (64 MiB as f32): bytes moved are the packed values and
     // scales, so their ratio is in weight bytes per second, not f32 bytes.
     let nq = bytes / 4 / k * 4;
@@ -91,7 +58,8 @@ fn gemv(threads: usize, rounds: usize) {
     let (mut r32, mut r16, mut bw) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds + 2 {
         let ts = secs(|| {
-            black_box(pool.install(|| stream_read(black_box(&words), threads)));
+            let piece = words.len().div_ceil(threads);
+            black_box(pool.install(|| stream_read(black_box(&words), piece)));
         });
         let t32 = secs(|| {
             black_box(b.matmul(&x, &w32).unwrap());
@@ -150,26 +118,7 @@ fn gemm(threads: usize, rounds: usize) {
             black_box(b.matmul(&x, &w).unwrap());
         });
         let ts = secs(|| {
-            // SAFETY: x is [m, k] (row stride k), wᵀ is read with strides (1, k) from the
-            // [n, k] buffer, out is [m, n]; all in bounds and out aliases neither input.
-            unsafe {
-                matrixmultiply::sgemm(
-                    m,
-                    k,
-                    n,
-                    1.0,
-                    xv.as_ptr(),
-                    k as isize,
-                    1,
-                    wv.as_ptr(),
-                    1,
-                    k as isize,
-                    0.0,
-                    out.as_mut_ptr(),
-                    n as isize,
-                    1,
-                );
-            }
+            sgemm_reference(m, k, n, &xv, &wv, &mut out);
             black_box(out[0]);
         });
         if round >= 1 {

@@ -16,6 +16,9 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use deepinfer_kernels::quant::reference::quantize_reference;
 use deepinfer_kernels::{QuantFormat, QuantMatrix, ScaleFormat};
 
+mod common;
+use common::data;
+
 /// Nanoseconds of CPU time consumed by the calling thread.
 #[cfg(unix)]
 fn thread_cpu_ns() -> u64 {
@@ -97,18 +100,6 @@ impl Measurement for ThreadCpuTime {
     fn formatter(&self) -> &dyn ValueFormatter {
         &NsFormatter
     }
-}
-
-fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f32 / (1 << 24) as f32 - 0.5
-        })
-        .collect()
 }
 
 fn quant(c: &mut Criterion<ThreadCpuTime>) {

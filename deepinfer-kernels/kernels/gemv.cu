@@ -4,48 +4,39 @@
 
 extern "C" __global__ void gemv_f32(const float* __restrict__ x, const float* __restrict__ w,
                                     float* __restrict__ y, int m, int n, int k) {
-    int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.y;
-    if (col >= n || row >= m) return;
-    const float* xr = x + (size_t)row * k;
-    const float* wr = w + (size_t)col * k;
+    GemvSlot g;
+    if (!gemv_slot(m, n, &g)) return;
+    const float* xr = x + (size_t)g.row * k;
+    const float* wr = w + (size_t)g.col * k;
     float acc = 0.0f;
-    for (int i = lane; i < k; i += 32) acc += xr[i] * wr[i];
-    acc = warp_sum(acc);
-    if (lane == 0) y[(size_t)row * n + col] = acc;
+    for (int i = g.lane; i < k; i += 32) acc += xr[i] * wr[i];
+    gemv_store(acc, y, n, g);
 }
 
 extern "C" __global__ void gemv_bf16(const float* __restrict__ x, const u16* __restrict__ w,
                                      float* __restrict__ y, int m, int n, int k) {
-    int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.y;
-    if (col >= n || row >= m) return;
-    const float* xr = x + (size_t)row * k;
-    const u16* wr = w + (size_t)col * k;
+    GemvSlot g;
+    if (!gemv_slot(m, n, &g)) return;
+    const float* xr = x + (size_t)g.row * k;
+    const u16* wr = w + (size_t)g.col * k;
     float acc = 0.0f;
-    for (int i = lane; i < k; i += 32) acc += xr[i] * bf16_to_f32(wr[i]);
-    acc = warp_sum(acc);
-    if (lane == 0) y[(size_t)row * n + col] = acc;
+    for (int i = g.lane; i < k; i += 32) acc += xr[i] * bf16_to_f32(wr[i]);
+    gemv_store(acc, y, n, g);
 }
 
 // FP8 e4m3 weights with one f32 scale per (block_rows x block_cols) tile.
 extern "C" __global__ void gemv_fp8(const float* __restrict__ x, const u8* __restrict__ w,
                                     const float* __restrict__ scales, float* __restrict__ y,
                                     int m, int n, int k, int block_rows, int block_cols) {
-    int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.y;
-    if (col >= n || row >= m) return;
-    const float* xr = x + (size_t)row * k;
-    const u8* wr = w + (size_t)col * k;
+    GemvSlot g;
+    if (!gemv_slot(m, n, &g)) return;
+    const float* xr = x + (size_t)g.row * k;
+    const u8* wr = w + (size_t)g.col * k;
     int nbc = (k + block_cols - 1) / block_cols;
-    const float* sr = scales + (size_t)(col / block_rows) * nbc;
+    const float* sr = scales + (size_t)(g.col / block_rows) * nbc;
     float acc = 0.0f;
-    for (int i = lane; i < k; i += 32) acc += xr[i] * (e4m3_to_f32(wr[i]) * sr[i / block_cols]);
-    acc = warp_sum(acc);
-    if (lane == 0) y[(size_t)row * n + col] = acc;
+    for (int i = g.lane; i < k; i += 32) acc += xr[i] * (e4m3_to_f32(wr[i]) * sr[i / block_cols]);
+    gemv_store(acc, y, n, g);
 }
 
 // FP4 e2m1 weights, two per byte (even column in the low nibble). MXFP4: block 32, UE8M0
@@ -53,22 +44,19 @@ extern "C" __global__ void gemv_fp8(const float* __restrict__ x, const u8* __res
 extern "C" __global__ void gemv_fp4(const float* __restrict__ x, const u8* __restrict__ w,
                                     const u8* __restrict__ scales, float* __restrict__ y,
                                     int m, int n, int k, int nvfp4, float tensor_scale) {
-    int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.y;
-    if (col >= n || row >= m) return;
+    GemvSlot g;
+    if (!gemv_slot(m, n, &g)) return;
     int block = nvfp4 ? 16 : 32;
-    const float* xr = x + (size_t)row * k;
-    const u8* wr = w + (size_t)col * (k / 2);
-    const u8* sr = scales + (size_t)col * (k / block);
+    const float* xr = x + (size_t)g.row * k;
+    const u8* wr = w + (size_t)g.col * (k / 2);
+    const u8* sr = scales + (size_t)g.col * (k / block);
     float acc = 0.0f;
-    for (int p = lane; p < k / 2; p += 32) {
+    for (int p = g.lane; p < k / 2; p += 32) {
         u8 b = wr[p];
         int i = 2 * p;
         float s = nvfp4 ? e4m3_to_f32(sr[i / block]) * tensor_scale : ue8m0_to_f32(sr[i / block]);
         acc += xr[i] * (E2M1[b & 15] * s);
         acc += xr[i + 1] * (E2M1[b >> 4] * s);
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[(size_t)row * n + col] = acc;
+    gemv_store(acc, y, n, g);
 }

@@ -36,34 +36,29 @@ __device__ __forceinline__ void ld8u(const u16* p, u32* a) {
 extern "C" __global__ void __launch_bounds__(256) gemv_wide_f32(const float* __restrict__ x,
                                                                 const float* __restrict__ w,
                                                                 float* __restrict__ y, int m, int n, int k) {
-    int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.y;
-    if (col >= n || row >= m) return;
-    const float* xr = x + (size_t)row * k;
-    const float* wr = w + (size_t)col * k;
+    GemvSlot g;
+    if (!gemv_slot(m, n, &g)) return;
+    const float* xr = x + (size_t)g.row * k;
+    const float* wr = w + (size_t)g.col * k;
     float acc = 0.0f;
-    for (int i = 8 * lane; i < k; i += 256) {
+    for (int i = 8 * g.lane; i < k; i += 256) {
         float a[8], b[8];
         ld8f(wr + i, a);
         ld8f(xr + i, b);
         for (int j = 0; j < 8; j++) acc += b[j] * a[j];
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[(size_t)row * n + col] = acc;
+    gemv_store(acc, y, n, g);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_wide_bf16(const float* __restrict__ x,
                                                                  const u16* __restrict__ w,
                                                                  float* __restrict__ y, int m, int n, int k) {
-    int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.y;
-    if (col >= n || row >= m) return;
-    const float* xr = x + (size_t)row * k;
-    const u16* wr = w + (size_t)col * k;
+    GemvSlot g;
+    if (!gemv_slot(m, n, &g)) return;
+    const float* xr = x + (size_t)g.row * k;
+    const u16* wr = w + (size_t)g.col * k;
     float acc = 0.0f;
-    for (int i = 16 * lane; i < k; i += 512) {
+    for (int i = 16 * g.lane; i < k; i += 512) {
         u32 a[8];
         float b[8];
         ld8u(wr + i, a);
@@ -76,6 +71,5 @@ extern "C" __global__ void __launch_bounds__(256) gemv_wide_bf16(const float* __
             }
         }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[(size_t)row * n + col] = acc;
+    gemv_store(acc, y, n, g);
 }

@@ -12,6 +12,27 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The warp-per-output layout of the GEMV kernels (gemv.cu, gemv_wide.cu): warp `col` along
+// the grid's x dimension computes y[row, col], row = blockIdx.y. A whole warp shares its slot,
+// so a warp past the edge returns as one and the full-mask shuffles stay valid.
+struct GemvSlot {
+    int row, col, lane;
+};
+
+// This thread's slot; false when the warp lies past the edge of y[m, n].
+__device__ __forceinline__ bool gemv_slot(int m, int n, GemvSlot* s) {
+    s->col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    s->lane = threadIdx.x & 31;
+    s->row = blockIdx.y;
+    return s->col < n && s->row < m;
+}
+
+// Butterfly sum of the lanes' partial sums; lane 0 writes y[row, col].
+__device__ __forceinline__ void gemv_store(float acc, float* __restrict__ y, int n, GemvSlot s) {
+    acc = warp_sum(acc);
+    if (s.lane == 0) y[(size_t)s.row * n + s.col] = acc;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;

@@ -49,7 +49,7 @@ impl WElem for f32 {
         #[cfg(target_arch = "x86_64")]
         if has_avx2() {
             // SAFETY: the CPU supports AVX2 (checked at run time above).
-            return unsafe { simd::dot_f32(x, w) };
+            return unsafe { simd::dot(x, w) };
         }
         dot_body(x, w)
     }
@@ -65,7 +65,7 @@ impl WElem for bf16 {
         #[cfg(target_arch = "x86_64")]
         if has_avx2() {
             // SAFETY: the CPU supports AVX2 (checked at run time above).
-            return unsafe { simd::dot_bf16(x, w) };
+            return unsafe { simd::dot(x, w) };
         }
         dot_body(x, w)
     }
@@ -164,36 +164,90 @@ unsafe fn dot_avx2<W: WElem>(x: &[f32], w: &[W]) -> f32 {
 /// the portable body. Written out because the auto-vectoriser splits the 16 lanes badly.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{LANES, finish};
+    use super::{LANES, WElem, finish};
     use half::bf16;
     use std::arch::x86_64::*;
 
+    /// A weight type the blocked loop can widen to eight f32 lanes.
+    pub(super) trait Wide8: WElem {
+        /// Eight weights at `p` as f32 (exact).
+        ///
+        /// # Safety
+        /// Eight values must be readable at `p`, and the CPU must support AVX2.
+        unsafe fn load8(p: *const Self) -> __m256;
+    }
+
+    impl Wide8 for f32 {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable f32 at p.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+    }
+
+    impl Wide8 for bf16 {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn load8(p: *const bf16) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable bf16 (16 bytes) at p; the 16-bit
+            // shift widens exactly.
+            unsafe {
+                let h = _mm_loadu_si128(p.cast());
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+        }
+    }
+
+    /// The blocked loop every AVX2 dot shares: adds `x[i] * w[i]` into the two 8-lane
+    /// registers `acc` (lanes 0–7 and 8–15 of [`super::dot_body`]) over the first `full`
+    /// values (a multiple of [`LANES`] within both slices), a separate multiply and add per
+    /// element (no FMA).
+    #[inline]
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
-        let n = x.len().min(w.len());
-        let full = n / LANES * LANES;
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    fn blocked<W: Wide8>(
+        acc: (__m256, __m256),
+        x: &[f32],
+        w: &[W],
+        full: usize,
+    ) -> (__m256, __m256) {
+        assert!(full <= x.len() && full <= w.len() && full.is_multiple_of(LANES));
+        let (mut a0, mut a1) = acc;
         let (xp, wp) = (x.as_ptr(), w.as_ptr());
         let mut i = 0;
         while i < full {
-            // SAFETY: i + 16 <= full <= n, within both slices; unaligned loads.
+            // SAFETY: i + 16 <= full, within both slices (asserted); unaligned loads; AVX2
+            // is enabled on this function.
             unsafe {
-                let p0 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(wp.add(i)));
-                let p1 = _mm256_mul_ps(
-                    _mm256_loadu_ps(xp.add(i + 8)),
-                    _mm256_loadu_ps(wp.add(i + 8)),
-                );
+                let p0 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i)), W::load8(wp.add(i)));
+                let p1 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i + 8)), W::load8(wp.add(i + 8)));
                 a0 = _mm256_add_ps(a0, p0);
                 a1 = _mm256_add_ps(a1, p1);
             }
             i += LANES;
         }
-        let mut acc = [0.0f32; LANES];
+        (a0, a1)
+    }
+
+    /// The two registers into lane sums.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn store(acc: &mut [f32; LANES], (a0, a1): (__m256, __m256)) {
         // SAFETY: acc holds 16 f32s; two unaligned 8-lane stores.
         unsafe {
             _mm256_storeu_ps(acc.as_mut_ptr(), a0);
             _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
         }
+    }
+
+    /// [`super::dot_body`] with AVX2, for f32 or bf16 weights.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot<W: Wide8>(x: &[f32], w: &[W]) -> f32 {
+        let n = x.len().min(w.len());
+        let full = n / LANES * LANES;
+        let zero = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut acc = [0.0f32; LANES];
+        store(&mut acc, blocked(zero, x, w, full));
         finish(acc, &x[full..n], &w[full..n])
     }
 
@@ -201,67 +255,13 @@ mod simd {
     pub(super) unsafe fn acc_chunks(acc: &mut [f32; LANES], x: &[f32], w: &[f32]) {
         let full = x.len().min(w.len()) / LANES * LANES;
         // SAFETY: acc holds 16 f32s; two unaligned 8-lane loads.
-        let (mut a0, mut a1) = unsafe {
+        let start = unsafe {
             (
                 _mm256_loadu_ps(acc.as_ptr()),
                 _mm256_loadu_ps(acc.as_ptr().add(8)),
             )
         };
-        let (xp, wp) = (x.as_ptr(), w.as_ptr());
-        let mut i = 0;
-        while i < full {
-            // SAFETY: i + 16 <= full, within both slices; unaligned loads.
-            unsafe {
-                let p0 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(wp.add(i)));
-                let p1 = _mm256_mul_ps(
-                    _mm256_loadu_ps(xp.add(i + 8)),
-                    _mm256_loadu_ps(wp.add(i + 8)),
-                );
-                a0 = _mm256_add_ps(a0, p0);
-                a1 = _mm256_add_ps(a1, p1);
-            }
-            i += LANES;
-        }
-        // SAFETY: as for the loads.
-        unsafe {
-            _mm256_storeu_ps(acc.as_mut_ptr(), a0);
-            _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
-        }
-    }
-
-    /// Eight bf16 at `p` widened to f32 (a 16-bit shift: exact).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn widen8(p: *const bf16) -> __m256 {
-        // SAFETY: the caller guarantees 8 readable bf16 (16 bytes) at p.
-        let h = unsafe { _mm_loadu_si128(p.cast()) };
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dot_bf16(x: &[f32], w: &[bf16]) -> f32 {
-        let n = x.len().min(w.len());
-        let full = n / LANES * LANES;
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let (xp, wp) = (x.as_ptr(), w.as_ptr());
-        let mut i = 0;
-        while i < full {
-            // SAFETY: i + 16 <= full <= n, within both slices; unaligned loads.
-            unsafe {
-                let p0 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i)), widen8(wp.add(i)));
-                let p1 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i + 8)), widen8(wp.add(i + 8)));
-                a0 = _mm256_add_ps(a0, p0);
-                a1 = _mm256_add_ps(a1, p1);
-            }
-            i += LANES;
-        }
-        let mut acc = [0.0f32; LANES];
-        // SAFETY: acc holds 16 f32s; two unaligned 8-lane stores.
-        unsafe {
-            _mm256_storeu_ps(acc.as_mut_ptr(), a0);
-            _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
-        }
-        finish(acc, &x[full..n], &w[full..n])
+        store(acc, blocked(start, x, w, full));
     }
 }
 
