@@ -724,7 +724,6 @@ impl Scheduler {
         plan.step = step;
         plan.prefill.clear();
         plan.decode.clear();
-        plan.decode.reserve(self.running.len());
         plan.block_copies.clear();
         plan.block_copies.append(&mut self.pending_copies);
         plan.aborted.clear();
@@ -806,12 +805,6 @@ impl Scheduler {
                 dec_lin += (1 + position) as u64;
                 tokens_left -= 1;
                 seqs_left -= 1;
-                plan.decode.push(DecodeRow {
-                    request: r.id,
-                    position,
-                    drafts: 0,
-                    provisional: false,
-                });
                 decode_rows.push(DecodeFlight {
                     id: r.id,
                     arrival: r.arrival,
@@ -933,12 +926,6 @@ impl Scheduler {
             dec_lin += (1 + k + position) as u64;
             tokens_left -= 1 + k;
             seqs_left -= 1;
-            plan.decode.push(DecodeRow {
-                request: id,
-                position,
-                drafts: k,
-                provisional,
-            });
             decode_rows.push(DecodeFlight {
                 id,
                 arrival,
@@ -951,6 +938,14 @@ impl Scheduler {
             });
             i += 1;
         }
+
+        // The plan's decode rows, from the rows in flight in one pass.
+        plan.decode.extend(decode_rows.iter().map(|f| DecodeRow {
+            request: f.id,
+            position: f.position,
+            drafts: f.drafts as usize,
+            provisional: f.provisional,
+        }));
 
         // Then waiting requests, in priority / arrival order, while budget and blocks
         // last; none after a preemption (memory is short, and a request just
