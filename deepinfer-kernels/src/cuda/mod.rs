@@ -63,6 +63,24 @@ fn grid1(n: usize) -> LaunchConfig {
     }
 }
 
+/// Checks the operands of `y[m, n] = x[m, k] · w[n, k]ᵀ`: `x_len == m * k`, `w_len == n * k`.
+fn check_xw(
+    op: &'static str,
+    x_len: usize,
+    w_len: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    if x_len != m * k || w_len != n * k {
+        return Err(shape_err(
+            op,
+            format!("x {x_len} w {w_len} for {m}×{n}×{k}"),
+        ));
+    }
+    Ok(())
+}
+
 /// NVRTC target for a compute capability: arch-specific features on Hopper (`sm_90a`) and the
 /// Blackwell family (`sm_100f`), plain `sm_XY` elsewhere.
 pub fn arch_for(major: i32, minor: i32) -> String {
@@ -225,12 +243,7 @@ impl CudaBackend {
         n: usize,
         k: usize,
     ) -> Result<CudaSlice<f32>> {
-        if x.len() != m * k || w.len() != n * k {
-            return Err(shape_err(
-                "gemv",
-                format!("x {} w {} for m {m} n {n} k {k}", x.len(), w.len()),
-            ));
-        }
+        check_xw("gemv", x.len(), w.len(), m, n, k)?;
         let mut y = self
             .stream
             .alloc_zeros::<f32>(m * n)

@@ -7,7 +7,7 @@
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas_sys};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{CudaBackend, dev, grid1};
+use super::{CudaBackend, check_xw, dev, grid1};
 use crate::backend::{RouteParams, RouteScore};
 use crate::error::{Result, invalid, shape_err};
 use crate::quant::{QuantFormat, QuantMatrix};
@@ -264,12 +264,7 @@ impl CudaBackend {
         k: usize,
     ) -> Result<CudaSlice<f32>> {
         const OP: &str = "gemm_f32";
-        if x.len() != m * k || w.len() != n * k {
-            return Err(shape_err(
-                OP,
-                format!("x {} w {} for {m}×{n}×{k}", x.len(), w.len()),
-            ));
-        }
+        check_xw(OP, x.len(), w.len(), m, n, k)?;
         let Some(blas) = self.blas() else {
             return self.gemm_f32_portable(x, w, m, n, k);
         };
@@ -304,12 +299,7 @@ impl CudaBackend {
         k: usize,
     ) -> Result<CudaSlice<f32>> {
         const OP: &str = "gemm_f32_portable";
-        if x.len() != m * k || w.len() != n * k {
-            return Err(shape_err(
-                OP,
-                format!("x {} w {} for {m}×{n}×{k}", x.len(), w.len()),
-            ));
-        }
+        check_xw(OP, x.len(), w.len(), m, n, k)?;
         let mut y = self.alloc::<f32>(m * n)?;
         let (mi, ni, ki) = (i32_of(OP, m)?, i32_of(OP, n)?, i32_of(OP, k)?);
         let cfg = LaunchConfig {
@@ -340,12 +330,7 @@ impl CudaBackend {
         k: usize,
     ) -> Result<CudaSlice<f32>> {
         const OP: &str = "gemm_bf16";
-        if x.len() != m * k || w.len() != n * k {
-            return Err(shape_err(
-                OP,
-                format!("x {} w {} for {m}×{n}×{k}", x.len(), w.len()),
-            ));
-        }
+        check_xw(OP, x.len(), w.len(), m, n, k)?;
         let Some(blas) = self.blas() else {
             return self.gemv_bf16(x, w, m, n, k);
         };
