@@ -82,33 +82,39 @@ fn main() {
             .split(',')
             .filter_map(|c| c.trim().parse().ok())
             .collect();
+        // `API=into` or `API=buffered` runs one of the two.
+        let api = std::env::var("API").unwrap_or_default();
         for chunk in chunks {
-            measure(
-                &format!("parser (push_tokens_into), {chunk} tokens per push"),
-                ids.len(),
-                reps,
-                || {
-                    let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
-                    let mut events = Vec::with_capacity(64);
-                    for piece in ids.chunks(chunk) {
-                        parser.push_tokens_into(piece, &mut events);
-                        events.clear();
-                    }
-                },
-            );
-            measure(
-                &format!("parser (push_tokens_buffered), {chunk} tokens per push"),
-                ids.len(),
-                reps,
-                || {
-                    let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
-                    let mut events = EventBuffer::with_capacity(64, 4096);
-                    for piece in ids.chunks(chunk) {
-                        parser.push_tokens_buffered(piece, &mut events);
-                        events.clear();
-                    }
-                },
-            );
+            if api != "buffered" {
+                measure(
+                    &format!("parser (push_tokens_into), {chunk} tokens per push"),
+                    ids.len(),
+                    reps,
+                    || {
+                        let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
+                        let mut events = Vec::with_capacity(64);
+                        for piece in ids.chunks(chunk) {
+                            parser.push_tokens_into(piece, &mut events);
+                            events.clear();
+                        }
+                    },
+                );
+            }
+            if api != "into" {
+                measure(
+                    &format!("parser (push_tokens_buffered), {chunk} tokens per push"),
+                    ids.len(),
+                    reps,
+                    || {
+                        let mut parser = StreamParser::new(Arc::clone(&tokenizer), &options);
+                        let mut events = EventBuffer::with_capacity(64, 4096);
+                        for piece in ids.chunks(chunk) {
+                            parser.push_tokens_buffered(piece, &mut events);
+                            events.clear();
+                        }
+                    },
+                );
+            }
         }
     }
 }

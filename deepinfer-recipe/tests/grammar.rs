@@ -218,6 +218,45 @@ fn tool_call_grammar_engages_only_from_the_marker_after_think_end() {
 }
 
 #[test]
+fn integer_ranges_and_string_patterns_are_enforced() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]+$"},
+            "age": {"type": "integer", "minimum": 18, "exclusiveMaximum": 130},
+        },
+        "required": ["code", "age"],
+    });
+    let grammar = RegexBackend::default()
+        .compile(&GrammarSpec::JsonSchema(schema), &vocab())
+        .unwrap();
+    let tokenizer = common::tokenizer();
+    let accepts = |text: &str| {
+        let ids = tokenizer.encode_plain(text).unwrap();
+        let mut matcher = grammar.matcher();
+        ids.iter().try_for_each(|&id| matcher.accept(id)).is_ok() && matcher.is_complete()
+    };
+    assert!(accepts(r#"{"code": "ABC-42", "age": 18}"#));
+    assert!(accepts(r#"{"code": "XYZ-0", "age": 129}"#));
+    assert!(!accepts(r#"{"code": "ABC-42", "age": 17}"#));
+    assert!(!accepts(r#"{"code": "ABC-42", "age": 130}"#));
+    assert!(!accepts(r#"{"code": "AB-42", "age": 20}"#));
+    assert!(!accepts(r#"{"code": "ABC-", "age": 20}"#));
+    // The mask agrees: after `"age": 1`, only digits that can still reach
+    // 18..=129 (or more digits) are allowed, never a closing brace.
+    let prefix = tokenizer
+        .encode_plain(r#"{"code": "ABC-1", "age": 1"#)
+        .unwrap();
+    let mut matcher = grammar.matcher();
+    drive(matcher.as_mut(), &prefix).unwrap();
+    let mut mask = vec![0u32; vocab().mask_words()];
+    matcher.fill_bitmask(&mut mask).unwrap();
+    let close = tokenizer.encode_plain("}").unwrap()[0];
+    let nine = tokenizer.encode_plain("9").unwrap()[0];
+    assert!(!allowed(&mask, close) && allowed(&mask, nine));
+}
+
+#[test]
 fn errors_are_typed() {
     let backend = RegexBackend::default();
     assert!(matches!(
@@ -242,6 +281,31 @@ fn errors_are_typed() {
             &vocab()
         ),
         Err(GrammarError::Unsatisfiable)
+    ));
+    // An empty integer range, a pattern that does not parse, and one with an
+    // anchor in the middle.
+    assert!(matches!(
+        backend.compile(
+            &GrammarSpec::JsonSchema(
+                serde_json::json!({"type": "integer", "minimum": 5, "maximum": 4})
+            ),
+            &vocab()
+        ),
+        Err(GrammarError::Unsatisfiable)
+    ));
+    assert!(matches!(
+        backend.compile(
+            &GrammarSpec::JsonSchema(serde_json::json!({"type": "string", "pattern": "(a"})),
+            &vocab()
+        ),
+        Err(GrammarError::Compile(_))
+    ));
+    assert!(matches!(
+        backend.compile(
+            &GrammarSpec::JsonSchema(serde_json::json!({"type": "string", "pattern": "a^b"})),
+            &vocab()
+        ),
+        Err(GrammarError::Unsupported(_))
     ));
 }
 

@@ -232,7 +232,7 @@ fn bad_input_is_a_typed_error_in_each_shape() {
         converted.constraint,
         Some(deepinfer_recipe::protocol::OutputConstraint::Regex(_))
     ));
-    let open_strict = r#"{"model": "DeepSeek-V4.1-Flash", "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}], "messages": [{"role": "user", "content": "x"}]}"#;
+    let open_strict = r#"{"model": "DeepSeek-V4.1-Flash", "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters": {"type": "object", "properties": {"n": {"type": "number", "minimum": 1}}}}}], "messages": [{"role": "user", "content": "x"}]}"#;
     let error = chat_error(open_strict);
     assert!(matches!(error, RequestError::Invalid { .. }));
     assert!(error.to_string().contains("function 'f'"));

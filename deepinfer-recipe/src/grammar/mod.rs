@@ -13,15 +13,20 @@
 //! integer / boolean / null / array / object and type lists, `enum`, `const`,
 //! `properties` in declared order with `required`, `items`, `minItems` /
 //! `maxItems`, `minLength` / `maxLength`, `anyOf` / `oneOf`, local `$ref`
-//! without recursion); DSML tool-call blocks whose parameters follow each
-//! tool's schema (strict tools); EBNF grammars in the GBNF dialect
-//! ([`Ebnf`]), expanded to a regular expression, recursive rules to a bounded
-//! depth. Not supported (a clear error): recursive schemas, `allOf` with more
-//! than one entry, `patternProperties`, numeric ranges (accepted, not
-//! enforced), unbounded recursion in EBNF.
+//! without recursion, integer `minimum` / `maximum` / `exclusiveMinimum` /
+//! `exclusiveMaximum`, string `pattern` rewritten to match the JSON-encoded
+//! text); DSML tool-call blocks whose parameters follow each tool's schema
+//! (strict tools); EBNF grammars in the GBNF dialect ([`Ebnf`]), expanded to
+//! a regular expression, recursive rules to a bounded depth. Not supported
+//! (a clear error): recursive schemas, `allOf` with more than one entry,
+//! `patternProperties`, `pattern` with `minLength` / `maxLength`, unbounded
+//! recursion in EBNF. Bounds on `number` are accepted but not enforced
+//! (strict tools reject them).
 
 mod dfa;
 mod ebnf;
+mod pattern;
+mod ranges;
 mod schema;
 mod strict;
 mod trigger;

@@ -16,7 +16,7 @@ const MAX_OPTIONAL: usize = 8;
 
 const WS: &str = r"[ \t\n\r]*";
 const STRING: &str = r#""(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*""#;
-const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))"#;
+pub(crate) const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))"#;
 const INTEGER: &str = r"-?(?:0|[1-9][0-9]*)";
 const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
@@ -153,6 +153,17 @@ impl<'a> Builder<'a> {
         match kind {
             "string" => {
                 let (min, max) = (count("minLength"), count("maxLength"));
+                if let Some(pattern) = object.get("pattern") {
+                    let pattern = pattern.as_str().ok_or_else(|| {
+                        GrammarError::Unsupported(format!("pattern {pattern} is not a string"))
+                    })?;
+                    if min.is_some() || max.is_some() {
+                        return Err(GrammarError::Unsupported(
+                            "`pattern` together with `minLength` / `maxLength`".into(),
+                        ));
+                    }
+                    return super::pattern::string_pattern_regex(pattern);
+                }
                 Ok(match (min, max) {
                     (None, None) => STRING.to_owned(),
                     (min, max) => {
@@ -162,7 +173,10 @@ impl<'a> Builder<'a> {
                     }
                 })
             }
-            "integer" => Ok(INTEGER.to_owned()),
+            "integer" => match super::ranges::integer_bounds(object)? {
+                Some((low, high)) => super::ranges::integer_range_regex(low, high),
+                None => Ok(INTEGER.to_owned()),
+            },
             "number" => Ok(NUMBER.to_owned()),
             "boolean" => Ok("(?:true|false)".to_owned()),
             "null" => Ok("null".to_owned()),

@@ -36,7 +36,15 @@ const ALLOWED: &[&str] = &[
     "maxItems",
     "minLength",
     "maxLength",
+    // Integer bounds only (checked in `normalize`).
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
 ];
+
+/// Bounds the grammar enforces on integers, and on nothing else.
+const INTEGER_BOUNDS: &[&str] = &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 
 fn error(path: &str, what: impl std::fmt::Display) -> GrammarError {
     GrammarError::Unsupported(format!("strict schema at `{path}`: {what}"))
@@ -62,6 +70,16 @@ fn normalize(schema: &Value, path: &str) -> Result<Value, GrammarError> {
         return Err(error(
             path,
             format!("keyword `{key}` is not supported in strict mode (it cannot be enforced)"),
+        ));
+    }
+    if let Some(key) = object
+        .keys()
+        .find(|key| INTEGER_BOUNDS.contains(&key.as_str()))
+        && object.get("type").and_then(Value::as_str) != Some("integer")
+    {
+        return Err(error(
+            path,
+            format!("keyword `{key}` is enforced only on `\"type\": \"integer\"`"),
         ));
     }
     let mut out = Map::new();
@@ -180,10 +198,17 @@ mod tests {
     }
 
     #[test]
+    fn integer_bounds_are_kept() {
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "exclusiveMaximum": 10}}});
+        let strict = strict_schema(&schema).unwrap();
+        assert_eq!(strict["properties"]["n"]["minimum"], json!(1));
+    }
+
+    #[test]
     fn unsupported_keywords_and_open_objects_are_errors() {
         for (schema, needle) in [
             (
-                json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}),
+                json!({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}}),
                 "`minimum`",
             ),
             (
