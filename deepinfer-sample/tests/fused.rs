@@ -189,3 +189,40 @@ fn full_vocabulary_rows_take_the_fused_path_and_match() {
     }
     assert!(FUSED_ABOVE < logits.len());
 }
+
+#[test]
+fn extreme_temperatures_and_spreads_match() {
+    // Logits spanning the f32 range: `l - l_max` overflows to -inf, and an infinite
+    // temperature turns it into NaN (weight 0) while every other token weighs 2^32.
+    let mut logits: Vec<f32> = (0..3000).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
+    logits[10] = 3.0e38;
+    logits[20] = -3.0e38;
+    logits[2999] = 3.0e38;
+    for temperature in [f32::INFINITY, f32::MAX, 1e30, 1e-5, 1.0] {
+        for top_p in [1.0f32, 0.5] {
+            let params = SamplingParams {
+                temperature,
+                top_p,
+                seed: 5,
+                ..SamplingParams::default()
+            };
+            for position in 0..4 {
+                let req = SampleRequest {
+                    logits: &logits[..],
+                    mask: None,
+                    history: &[],
+                    position,
+                    params: &params,
+                };
+                let fused = Sampler::with_fused_above(0).sample(&req).unwrap();
+                let listed = Sampler::with_fused_above(usize::MAX).sample(&req).unwrap();
+                assert_eq!(fused, listed, "t {temperature} top_p {top_p}");
+                let (token, lp) = sample_sorted(&req).unwrap();
+                assert_eq!(
+                    (fused.token, fused.logprob.to_bits()),
+                    (token, lp.to_bits())
+                );
+            }
+        }
+    }
+}
