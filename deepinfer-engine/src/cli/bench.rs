@@ -38,6 +38,13 @@ pub struct BenchArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Run every step in order instead of overlapping the host work (parsing the last
+    /// step, planning the next) with the device work of the current one.
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Debug: fail loudly if the host thread reads device results while a step computes.
+    #[arg(long)]
+    pub sync_check: bool,
     /// Output prefix: writes PREFIX.json and PREFIX.svg.
     #[arg(long, default_value = "deepinfer-bench")]
     pub output: PathBuf,
@@ -67,6 +74,8 @@ pub fn run(a: &BenchArgs) -> CliResult {
         prefix_caching: false,
         spec_drafts: a.spec_drafts,
         spec_budget: a.spec_budget.into(),
+        overlap: !a.no_overlap,
+        sync_check: a.sync_check,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(model, cfg)?;
@@ -89,7 +98,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
     print!("{}", bench_table(&points));
     let setup = serde_json::json!({
         "model": label, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
-        "spec_drafts": a.spec_drafts, "spec_budget": format!("{:?}", a.spec_budget).to_lowercase(), "deterministic": a.deterministic, "threads": a.threads,
+        "spec_drafts": a.spec_drafts, "spec_budget": format!("{:?}", a.spec_budget).to_lowercase(), "deterministic": a.deterministic, "threads": a.threads, "overlap": !a.no_overlap,
         "backend": "cpu",
     });
     let json_path = a.output.with_extension("json");

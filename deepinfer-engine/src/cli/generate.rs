@@ -71,6 +71,13 @@ pub struct GenerateArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Run every step in order instead of overlapping the host work (parsing the last
+    /// step, planning the next) with the device work of the current one.
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Debug: fail loudly if the host thread reads device results while a step computes.
+    #[arg(long)]
+    pub sync_check: bool,
 }
 
 /// `--spec-budget` values.
@@ -147,6 +154,8 @@ pub fn run(a: &GenerateArgs) -> CliResult {
         prefix_caching: !a.no_prefix_cache,
         spec_drafts: a.spec_drafts,
         spec_budget: a.spec_budget.into(),
+        overlap: !a.no_overlap,
+        sync_check: a.sync_check,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(model, cfg)?.with_tokenizer(front.tokenizer().clone());

@@ -85,6 +85,7 @@ impl<B: Backend> Model<B> {
     /// Draft one block after the `state.pos` tokens consumed so far; `anchor` is the accepted
     /// token for position `state.pos` (not yet fed to the backbone). The state is not changed.
     pub fn draft(&self, state: &SeqState<B::Tensor>, anchor: u32) -> R<Draft> {
+        super::sync::check_host_read("Model::draft (draft ids to the host)")?;
         let c = &self.cfg;
         let be = &self.be;
         let (dw, ds) = match (self.w.dspark.as_ref(), c.dspark.as_ref()) {

@@ -82,6 +82,7 @@ impl<B: Backend> Model<B> {
         which: Logits,
         trace: Option<&mut Trace>,
     ) -> R<Vec<Vec<f32>>> {
+        super::sync::check_host_read("Model::forward (logits to the host)")?;
         let sp = super::prof::span("forward");
         let (h, rows) = self.forward_hidden(items, trace)?;
         let _head = super::prof::span("head");

@@ -102,7 +102,16 @@ impl<T: Clone> GlobalCache<T> {
 }
 
 fn kv_err(e: deepinfer_kv::KvError) -> ModelError {
-    ModelError::Input(format!("global cache blocks: {e}"))
+    match e {
+        deepinfer_kv::KvError::OutOfBlocks { needed, available } => {
+            ModelError::GlobalCacheFull { needed, available }
+        }
+        e => ModelError::Input(format!("global cache blocks: {e}")),
+    }
+}
+
+pub(crate) fn lock_cache<T>(m: &Mutex<GlobalCache<T>>) -> MutexGuard<'_, GlobalCache<T>> {
+    lock(m)
 }
 
 fn lock<T>(m: &Mutex<GlobalCache<T>>) -> MutexGuard<'_, GlobalCache<T>> {
@@ -283,20 +292,17 @@ impl<T: Clone> GlobalTable<T> {
     }
 }
 
-impl<T: Clone> Clone for GlobalTable<T> {
-    /// Forks the kv sequence: full blocks shared, the partial last block copied.
-    ///
-    /// Panics only if the block pool has no free block left for that copy.
-    fn clone(&self) -> Self {
+impl<T: Clone> GlobalTable<T> {
+    /// A snapshot of the table: forks the kv sequence (full blocks shared by reference count,
+    /// the partly filled last block copied). Fails with [`ModelError::GlobalCacheFull`] when
+    /// the pool has no free block for that copy; nothing changes then.
+    pub fn try_clone(&self) -> R<Self> {
         let mut seq = None;
         if let (Some(c), Some(s)) = (&self.cache, self.seq) {
             let mut g = lock(c);
             let id = g.next_seq;
+            let copy = g.kv.fork(s, id).map_err(kv_err)?;
             g.next_seq += 1;
-            #[allow(clippy::expect_used)]
-            let copy =
-                g.kv.fork(s, id)
-                    .expect("global cache block pool exhausted while snapshotting a sequence");
             if let Some(op) = copy {
                 for part in g.blocks.iter_mut() {
                     for layer in part.iter_mut() {
@@ -310,11 +316,23 @@ impl<T: Clone> Clone for GlobalTable<T> {
             }
             seq = Some(id);
         }
-        GlobalTable {
+        Ok(GlobalTable {
             cache: self.cache.clone(),
             seq,
             counts: self.counts.clone(),
-        }
+        })
+    }
+}
+
+impl<T: Clone> Clone for GlobalTable<T> {
+    /// [`GlobalTable::try_clone`], for code that sized the pool itself.
+    ///
+    /// Panics if the block pool has no free block left for the copy; the runtime uses
+    /// [`GlobalTable::try_clone`] (through [`crate::SeqState::try_clone`]) and never panics.
+    fn clone(&self) -> Self {
+        #[allow(clippy::expect_used)]
+        self.try_clone()
+            .expect("global cache block pool exhausted while snapshotting a sequence")
     }
 }
 

@@ -7,6 +7,7 @@ mod global;
 mod prof;
 mod random;
 mod state;
+pub mod sync;
 mod weights;
 
 pub use dspark::Draft;
@@ -47,6 +48,19 @@ pub enum ModelError {
     /// Bad input to a forward call.
     #[error("invalid input: {0}")]
     Input(String),
+    /// The global-state block pool ([`Model::set_global_cache_blocks`]) has too few free
+    /// blocks for a forward call or a state snapshot.
+    #[error("global cache pool exhausted: needed {needed} block(s), {available} free")]
+    GlobalCacheFull {
+        /// Blocks the operation needed.
+        needed: usize,
+        /// Blocks that were free.
+        available: usize,
+    },
+    /// A device result was read back on a thread inside a launch phase (the runtime's
+    /// debug check for host–device synchronisation while a step is in flight).
+    #[error("host-device synchronisation inside the launch phase: {0}")]
+    HostSync(&'static str),
 }
 
 /// A loaded model on a backend.
@@ -335,6 +349,36 @@ impl<B: Backend> Model<B> {
             self.cfg.dspark.as_ref().map(|d| d.stages).unwrap_or(0),
             Some(self.global.clone()),
         )
+    }
+
+    /// Blocks in the global-state pool.
+    pub fn global_cache_blocks(&self) -> usize {
+        global::lock_cache(&self.global)
+            .block_manager()
+            .pool()
+            .num_blocks()
+    }
+
+    /// Re-size the global-state block pool (compressed entries and indexer keys of every
+    /// sequence, snapshots included) to `num_blocks` blocks. Only while no state holds a block.
+    pub fn set_global_cache_blocks(&mut self, num_blocks: usize) -> Result<(), ModelError> {
+        let mut g = global::lock_cache(&self.global);
+        if g.used_blocks() > 0 {
+            return Err(ModelError::Input(
+                "the global cache can be re-sized only while no state holds a block".into(),
+            ));
+        }
+        *g = GlobalCache::new(
+            num_blocks,
+            global_block_tokens(&self.cfg.compress_ratios),
+            &self.cfg.compress_ratios,
+        )?;
+        Ok(())
+    }
+
+    /// Positions per global-state block.
+    pub fn global_block_tokens(&self) -> usize {
+        global_block_tokens(&self.cfg.compress_ratios)
     }
 
     /// The model's paged global cache (compressed entries and indexer keys of all sequences).

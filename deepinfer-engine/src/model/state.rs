@@ -83,6 +83,21 @@ impl<T> SeqState<T> {
 }
 
 impl<T: Clone> SeqState<T> {
+    /// A snapshot (for rollback or prefix reuse) that fails with
+    /// [`super::ModelError::GlobalCacheFull`] instead of panicking when the global block pool
+    /// cannot hold the copy of the partly filled last block. `Clone` panics in that case.
+    pub fn try_clone(&self) -> Result<Self, super::ModelError> {
+        Ok(SeqState {
+            pos: self.pos,
+            history: self.history.clone(),
+            window: self.window.clone(),
+            global: self.global.try_clone()?,
+            compressor: self.compressor.clone(),
+            index_compressor: self.index_compressor.clone(),
+            dspark_window: self.dspark_window.clone(),
+        })
+    }
+
     /// Compressed entries held per layer (0 where the layer owns none).
     pub fn global_entries(&self) -> Vec<usize> {
         (0..self.window.len())

@@ -18,13 +18,19 @@ pub struct BenchPoint {
     pub per_user_tok_s: f64,
     /// Mean time to first token, ms.
     pub ttft_ms: f64,
-    /// Mean engine step time, ms.
+    /// Mean wall time per engine step, ms.
     pub step_ms: f64,
     /// Generated tokens per decode row (1 without speculation; measured acceptance with it).
     pub tokens_per_row: f64,
-    /// Share of the wall time spent outside the model's forward (host overhead: schedule,
-    /// sampling, grammar, drafting, update, parsing, bookkeeping).
+    /// CPU time outside the model's forward (schedule, update, building the step, sampling,
+    /// grammar, parsing, bookkeeping; not the drafter) over the wall time, whether or not
+    /// it overlapped the forward.
     pub host_frac: f64,
+    /// Share of that host time done while a step computed (overlapped scheduling).
+    pub hidden_frac: f64,
+    /// Share of the wall time when no forward or drafter ran: the host work that was not
+    /// hidden, plus hand-over gaps. The host overhead a user sees.
+    pub exposed_frac: f64,
     /// Share of the wall time spent in the sampler (and draft verification).
     pub sample_frac: f64,
 }
@@ -79,25 +85,29 @@ where
             .sum::<f64>()
             / outs.len().max(1) as f64;
         let steps = (m1.steps - m0.steps).max(1) as f64;
-        let busy = (m1.forward_ms - m0.forward_ms)
-            + (m1.sample_ms - m0.sample_ms)
-            + (m1.sched_ms - m0.sched_ms)
-            + (m1.post_ms - m0.post_ms)
-            + (m1.draft_ms - m0.draft_ms);
+        let d = |f: fn(&super::engine::Metrics) -> f64| f(&m1) - f(&m0);
+        let host = d(|m| m.sched_ms)
+            + d(|m| m.build_ms)
+            + d(|m| m.post_ms)
+            + d(|m| m.sample_ms)
+            + d(|m| m.grammar_ms);
+        let wall_ms = (wall * 1e3).max(1e-9);
         let rows = (m1.spec_rows - m0.spec_rows) as f64;
         let p = BenchPoint {
             concurrency: c,
             total_tok_s: generated as f64 / wall.max(1e-9),
             per_user_tok_s: per_user,
             ttft_ms: outs.iter().map(|o| o.timing.ttft_ms).sum::<f64>() / outs.len().max(1) as f64,
-            step_ms: busy / steps,
+            step_ms: wall_ms / steps,
             tokens_per_row: if rows > 0.0 {
                 1.0 + (m1.accepted_drafts - m0.accepted_drafts) as f64 / rows
             } else {
                 1.0
             },
-            host_frac: 1.0 - (m1.forward_ms - m0.forward_ms) / (wall * 1e3).max(1e-9),
-            sample_frac: (m1.sample_ms - m0.sample_ms) / (wall * 1e3).max(1e-9),
+            host_frac: host / wall_ms,
+            hidden_frac: d(|m| m.hidden_ms) / host.max(1e-9),
+            exposed_frac: (1.0 - (d(|m| m.forward_ms) + d(|m| m.draft_ms)) / wall_ms).max(0.0),
+            sample_frac: d(|m| m.sample_ms) / wall_ms,
         };
         on_level(&p);
         points.push(p);
@@ -112,7 +122,8 @@ pub fn bench_json(points: &[BenchPoint], setup: &Value) -> Value {
         "points": points.iter().map(|p| json!({
             "concurrency": p.concurrency, "total_tok_s": p.total_tok_s, "per_user_tok_s": p.per_user_tok_s,
             "ttft_ms": p.ttft_ms, "step_ms": p.step_ms, "tokens_per_row": p.tokens_per_row,
-            "host_frac": p.host_frac, "sample_frac": p.sample_frac,
+            "host_frac": p.host_frac, "hidden_frac": p.hidden_frac, "exposed_frac": p.exposed_frac,
+            "sample_frac": p.sample_frac,
         })).collect::<Vec<_>>(),
     })
 }
@@ -120,7 +131,7 @@ pub fn bench_json(points: &[BenchPoint], setup: &Value) -> Value {
 /// A text table.
 pub fn bench_table(points: &[BenchPoint]) -> String {
     let mut s = format!(
-        "{:>11} {:>12} {:>15} {:>10} {:>10} {:>11} {:>7} {:>9}\n",
+        "{:>11} {:>12} {:>15} {:>10} {:>10} {:>11} {:>7} {:>9} {:>10} {:>9}\n",
         "concurrency",
         "total tok/s",
         "per-user tok/s",
@@ -128,11 +139,13 @@ pub fn bench_table(points: &[BenchPoint]) -> String {
         "step ms",
         "tokens/row",
         "host %",
+        "hidden %",
+        "exposed %",
         "sample %"
     );
     for p in points {
         s.push_str(&format!(
-            "{:>11} {:>12.1} {:>15.1} {:>10.1} {:>10.1} {:>11.2} {:>7.1} {:>9.1}\n",
+            "{:>11} {:>12.1} {:>15.1} {:>10.1} {:>10.1} {:>11.2} {:>7.1} {:>9.1} {:>10.1} {:>9.1}\n",
             p.concurrency,
             p.total_tok_s,
             p.per_user_tok_s,
@@ -140,6 +153,8 @@ pub fn bench_table(points: &[BenchPoint]) -> String {
             p.step_ms,
             p.tokens_per_row,
             100.0 * p.host_frac,
+            100.0 * p.hidden_frac,
+            100.0 * p.exposed_frac,
             100.0 * p.sample_frac
         ));
     }
@@ -223,6 +238,8 @@ mod tests {
             step_ms: 2.0,
             tokens_per_row: 1.0,
             host_frac: 0.25,
+            hidden_frac: 0.5,
+            exposed_frac: 0.15,
             sample_frac: 0.1,
         });
         let t = bench_table(&pts);

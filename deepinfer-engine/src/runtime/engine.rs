@@ -1,33 +1,70 @@
 //! The step loop (DESIGN.md, "One engine step"): `deepinfer-sched` plans the step (KV
-//! blocks from `deepinfer-kv`, prefix hits, chunked prefill, preemption) → the model's
-//! forward over each sequence's state on the backend → `deepinfer-sample` picks one token per
-//! sampling row (per-request seed and position) → `update` (append, stop conditions, free
-//! blocks) → the recipe stream parser turns ids into text, reasoning and tool calls.
+//! blocks from `deepinfer-kv`, prefix hits, chunked prefill, preemption, draft rows) → the
+//! device work ([`super::device`]: DSpark drafts, the model's forward over each sequence's
+//! state, draft verification, grammar masks, `deepinfer-sample`) → `update` (append, stop
+//! conditions, free blocks, step times to the cost models) → the recipe stream parser turns
+//! ids into text, reasoning and tool calls → responses.
 //!
-//! Steps run one after the other (no overlap of scheduling with the forward yet).
+//! # Overlapped scheduling (on by default, [`EngineConfig::overlap`])
+//!
+//! Step N+1's input is step N's sampled token, so the forward of N+1 cannot start before
+//! N's sample is known. What can move off the critical path is everything else the host
+//! does. The design:
+//!
+//! - **The device worker.** A thread owned by the engine for the length of a `generate`
+//!   call runs each step's whole device side ([`super::device::run_job`]) inside rayon's
+//!   pool: drafting, forward calls, verification (and the re-run of an accepted prefix after
+//!   a rejection), grammar masks, sampling, matcher updates, budgeted drafting ahead. Each
+//!   request's model state, matcher, pending drafts and token history are *moved* into the
+//!   job and come back with the results, so no state is shared between the two threads.
+//! - **The host thread**, for step N: as soon as N's results arrive it builds the scheduler
+//!   output and calls `update(N)` (the only host work on the critical path, with building the
+//!   next job); `update` confirms or cancels the rows of the plan for N+1, which was made
+//!   while N computed (`deepinfer-sched` gives a request whose token is still being sampled
+//!   a provisional decode row and fixes its position in `update`). The job for N+1 is built
+//!   from the confirmed plan — now every input token is known — and sent to the worker.
+//!   While N+1 computes, the host parses N's tokens (stream parser, events, log-probs,
+//!   finished outputs) and plans N+2.
+//! - **Consequences, all handled:** a stop sequence found while parsing N is seen after
+//!   N+1 was launched, so the request is ended at once (its N+1 row is ignored by the
+//!   scheduler) and its output keeps only the tokens up to the stop — the same tokens the
+//!   non-overlapped loop returns. Requests that finish in `update(N)` get their provisional
+//!   rows of N+1 cancelled (`PlanFix::Cancel`); preemptions decided while N computed drop
+//!   the state when it comes back. A step in which a fork-group parent emits its forced
+//!   token is not overlapped (a fork needs its parent out of flight).
+//! - **Debug check** ([`EngineConfig::sync_check`]): the host thread is marked as being in
+//!   the launch phase ([`crate::model::sync`]); any model call there that reads device
+//!   results fails with [`crate::ModelError::HostSync`] instead of silently serialising
+//!   the pipeline.
+//!
+//! With `overlap: false` every step runs in order on the calling thread (parse before
+//! update), for comparison; outputs are identical (see `tests/runtime_overlap.rs`).
+//! Metrics split host time into what ran while a step computed ([`Metrics::hidden_ms`]) and
+//! what did not.
 
+use super::device::{
+    Dev, DevStats, Fixed, Job, JobCfg, JobOut, JobSeq, Tok, free_global_blocks, run_job,
+};
 use super::prefix::PrefixStates;
 use super::request::GrammarConstraint;
 use super::request::{
-    FinishReason, GenParams, Output, Request, RequestId, Timing, TokenLogprob, ToolCallOut, Usage,
+    FinishReason, Output, Request, RequestId, Timing, TokenLogprob, ToolCallOut, Usage,
 };
-use crate::{BatchItem, Logits, Model, ModelError, SeqState};
+use crate::model::sync::LaunchPhase;
+use crate::{BatchItem, Logits, Model, ModelError};
 use deepinfer_kernels::Backend;
 use deepinfer_kv::{BlockManager, BlockManagerConfig, HitRule};
-use deepinfer_recipe::grammar::Matcher;
 use deepinfer_recipe::parser::{BackendFinish, Event, FinishReason as ParseFinish};
 use deepinfer_recipe::protocol::ParsingOptions;
 use deepinfer_recipe::{PromptTokenizer, StreamParser};
-use deepinfer_sample::{
-    SampleError, SampleRequest, VerifyMode, VerifyRequest, sample_batch, verify,
-};
+use deepinfer_sample::SampleError;
 use deepinfer_sched::{
     FinishReason as SchedFinish, Finished, NewRequest, SchedError, Scheduler, SchedulerConfig,
-    SpecMode, StepOutput,
+    SpecMode, StepOutput, StepPlan,
 };
 use deepinfer_spec::{Planner, PlannerConfig, Search, StepTimeModel};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 /// Engine settings.
@@ -53,6 +90,18 @@ pub struct EngineConfig {
     pub spec_drafts: usize,
     /// Fixed drafts per row, or a per-step budget from the `deepinfer-spec` planner.
     pub spec_budget: SpecBudget,
+    /// Overlapped scheduling: step N's device work runs on a worker thread while this
+    /// thread parses step N−1's tokens and plans step N+1 (see the module docs). Outputs
+    /// are the same either way; off runs every step in order.
+    pub overlap: bool,
+    /// Debug mode: with overlap, fail with [`ModelError::HostSync`] when the host thread
+    /// reads device results while a step is in flight (a host–device synchronisation).
+    pub sync_check: bool,
+    /// Blocks of the model's global-state pool (compressed entries and indexer keys of every
+    /// sequence and snapshot). `None`: sized from this configuration (KV pool, sequences,
+    /// prefix snapshots). When it runs out, snapshots are skipped (recomputed instead) and a
+    /// forward that cannot grow fails with [`ModelError::GlobalCacheFull`].
+    pub global_cache_blocks: Option<usize>,
 }
 
 /// How many drafts each decode row verifies.
@@ -81,6 +130,9 @@ impl Default for EngineConfig {
             prefix_state_capacity: 512,
             spec_drafts: 0,
             spec_budget: SpecBudget::Fixed,
+            overlap: true,
+            sync_check: false,
+            global_cache_blocks: None,
         }
     }
 }
@@ -108,6 +160,9 @@ pub enum EngineError {
         /// Why.
         reason: String,
     },
+    /// The device worker thread stopped (it panicked).
+    #[error("{0}")]
+    Worker(String),
     /// The scheduler has work but planned nothing (should not happen).
     #[error("the scheduler made no progress with {0} request(s) left")]
     Stuck(usize),
@@ -154,6 +209,13 @@ pub struct Metrics {
     pub grammar_ms: f64,
     /// Sequences forked from a parent for `n > 1` (sharing its prompt blocks).
     pub forks: u64,
+    /// Time building each step's device job (state restores, input rows), ms.
+    pub build_ms: f64,
+    /// Host work done while a step computed on the device worker (overlapped scheduling:
+    /// parsing the previous step, planning the next), ms. Hidden from the step time.
+    pub hidden_ms: f64,
+    /// Time the host thread waited for the device worker, ms.
+    pub wait_ms: f64,
 }
 
 /// One streamed event of [`Engine::generate_stream`].
@@ -203,8 +265,7 @@ struct Live<T> {
     user_id: RequestId,
     /// Which of the request's `n` samples.
     index: usize,
-    params: GenParams,
-    prompt_len: usize,
+    fx: Arc<Fixed>,
     /// Fork group parent still to fork: its last prompt token is fed as a forced "output"
     /// (the scheduler holds the prompt minus that token), then `n - 1` children are forked.
     forced: Option<u32>,
@@ -213,54 +274,30 @@ struct Live<T> {
     /// How children of a fork group are set up.
     parsing: Option<ParsingOptions>,
     grammar: Option<GrammarConstraint>,
-    /// Grammar matcher of this output (structured outputs).
-    matcher: Option<Box<dyn Matcher>>,
-    /// Drafts made at the end of the last step for the next one (budgeted speculation: the
-    /// planner needs their confidences before it plans).
-    next_draft: Option<NextDraft>,
     /// Where a prefix-hit snapshot is taken: the largest reusable prefix of this prompt.
     cut: usize,
-    state: Option<SeqState<T>>,
+    /// Model state, matcher, pending drafts, history: with the device worker during a step.
+    dev: Dev<T>,
     parser: Option<StreamParser>,
     logprobs: Vec<TokenLogprob>,
     text: String,
     reasoning: String,
     calls: Vec<ToolCallOut>,
     parse_finish: Option<ParseFinish>,
-    stop_tokens: Vec<u32>,
     cached: Option<usize>,
     first_token: Option<f64>,
     last_token: f64,
+    /// Generated tokens parsed so far.
+    ngen: usize,
+    /// Generated tokens the output keeps, once a stop sequence or an abort ended it.
+    kept: Option<usize>,
+    /// A stop sequence ended the output.
+    stopped: bool,
 }
-
-/// A piece of one row group: rows `from .. to` of the request's token history, then
-/// `extra` (draft tokens being verified, or accepted drafts being re-run after a rollback).
-struct Piece {
-    sid: u64,
-    from: usize,
-    to: usize,
-    samples: bool,
-    extra: Vec<u32>,
-    /// A decode row verifying `extra` as drafts (logits of every row are kept).
-    spec: bool,
-}
-
-/// Drafts for the next decode row of a request.
-struct NextDraft {
-    /// State position and anchor token they were drafted from.
-    pos: usize,
-    anchor: u32,
-    ids: Vec<u32>,
-    /// Draft distributions (stochastic verification only), `ids.len() * vocab`.
-    q: Option<Vec<f32>>,
-}
-
-/// One generated token with its log-probabilities.
-type Tok = (u32, f32, Vec<(u32, f32)>);
 
 /// The engine: a model on a backend plus scheduler, sampler and (optionally) a tokenizer.
 pub struct Engine<B: Backend> {
-    model: Model<B>,
+    model: Arc<Model<B>>,
     cfg: EngineConfig,
     sched: Scheduler,
     tokenizer: Option<Arc<PromptTokenizer>>,
@@ -286,8 +323,9 @@ impl<B: Backend> Engine<B>
 where
     B::Tensor: Clone,
 {
-    /// An engine over `model`.
-    pub fn new(model: Model<B>, cfg: EngineConfig) -> Result<Self, EngineError> {
+    /// An engine over `model`. Sizes the model's global-state block pool from the
+    /// configuration ([`EngineConfig::global_cache_blocks`]) while no state holds a block.
+    pub fn new(mut model: Model<B>, cfg: EngineConfig) -> Result<Self, EngineError> {
         if cfg.block_size == 0 || cfg.num_blocks == 0 {
             return Err(EngineError::Config(
                 "num_blocks and block_size must be positive".into(),
@@ -307,6 +345,25 @@ where
                 )));
             }
         }
+        let want = cfg
+            .global_cache_blocks
+            .unwrap_or_else(|| default_global_blocks(&model, &cfg));
+        if want == 0 {
+            return Err(EngineError::Config(
+                "global_cache_blocks must be positive".into(),
+            ));
+        }
+        let free = model.global_cache().lock().map_or(0, |g| g.used_blocks()) == 0;
+        if model.global_cache_blocks() != want {
+            if free {
+                model.set_global_cache_blocks(want)?;
+            } else if cfg.global_cache_blocks.is_some() {
+                return Err(EngineError::Config(
+                    "global_cache_blocks: the model's global cache is in use by other states"
+                        .into(),
+                ));
+            }
+        }
         let sched = Self::make_scheduler(&model, &cfg)?;
         let prefix = PrefixStates::new(
             cfg.block_size,
@@ -317,7 +374,7 @@ where
             },
         );
         Ok(Self {
-            model,
+            model: Arc::new(model),
             sched,
             tokenizer: None,
             prefix,
@@ -544,26 +601,32 @@ where
             let l = Live {
                 user_id: r.id,
                 index,
-                params,
-                prompt_len: r.prompt.len(),
+                fx: Arc::new(Fixed {
+                    params,
+                    stop_tokens: stop_tokens.clone(),
+                    prompt_len: r.prompt.len(),
+                }),
                 forced: fork.then_some(last),
                 strip: usize::from(fork),
                 parsing: r.parsing.clone(),
                 grammar: r.grammar.clone(),
-                matcher: r.grammar.as_ref().map(GrammarConstraint::matcher),
                 cut,
-                state: None,
-                next_draft: None,
+                dev: Dev {
+                    matcher: r.grammar.as_ref().map(GrammarConstraint::matcher),
+                    ..Dev::default()
+                },
                 parser: self.parser_for(r.parsing.as_ref()),
                 logprobs: Vec::new(),
                 text: String::new(),
                 reasoning: String::new(),
                 calls: Vec::new(),
                 parse_finish: None,
-                stop_tokens: stop_tokens.clone(),
                 cached: None,
                 first_token: None,
                 last_token: 0.0,
+                ngen: 0,
+                kept: None,
+                stopped: false,
             };
             live.insert(sid, l);
         }
@@ -587,41 +650,51 @@ where
         let Some(p) = live.get(&parent) else {
             return Ok(());
         };
-        let n = p.params.n.max(1);
-        let base_seed = p.params.sampling.seed;
+        let n = p.fx.params.n.max(1);
+        let base_seed = p.fx.params.sampling.seed;
         let mut children = Vec::with_capacity(n - 1);
         for index in 1..n {
             let sid = self.next_sid;
             self.next_sid += 1;
             self.sched.fork(parent, sid)?;
             self.metrics.forks += 1;
-            let mut params = p.params.clone();
+            let mut params = p.fx.params.clone();
             params.sampling.seed = base_seed.wrapping_add(index as u64);
+            // No room for the state copy: the child rebuilds it by replay.
+            let state = p.dev.state.as_ref().and_then(|s| s.try_clone().ok());
             children.push((
                 sid,
                 Live {
                     user_id: p.user_id,
                     index,
-                    params,
-                    prompt_len: p.prompt_len,
+                    fx: Arc::new(Fixed {
+                        params,
+                        stop_tokens: p.fx.stop_tokens.clone(),
+                        prompt_len: p.fx.prompt_len,
+                    }),
                     forced: None,
                     strip: p.strip,
                     parsing: p.parsing.clone(),
                     grammar: p.grammar.clone(),
-                    matcher: p.grammar.as_ref().map(GrammarConstraint::matcher),
                     cut: p.cut,
-                    state: p.state.clone(),
-                    next_draft: None,
+                    dev: Dev {
+                        state,
+                        matcher: p.grammar.as_ref().map(GrammarConstraint::matcher),
+                        hist: p.dev.hist.clone(),
+                        ..Dev::default()
+                    },
                     parser: self.parser_for(p.parsing.as_ref()),
                     logprobs: Vec::new(),
                     text: String::new(),
                     reasoning: String::new(),
                     calls: Vec::new(),
                     parse_finish: None,
-                    stop_tokens: p.stop_tokens.clone(),
                     cached: p.cached,
                     first_token: None,
                     last_token: 0.0,
+                    ngen: 0,
+                    kept: None,
+                    stopped: false,
                 },
             ));
         }
@@ -643,521 +716,479 @@ where
             self.check_request(&r)?;
             self.admit(r, &mut live)?;
         }
-        while !live.is_empty() {
-            let ts = Instant::now();
-            let plan = {
-                let _span = tracing::debug_span!("schedule").entered();
-                self.sched.schedule()?
-            };
-            self.metrics.sched_ms += ms_since(ts);
-            for id in &plan.preempted {
-                // Recompute on re-admission: the model state goes with the KV blocks.
-                if let Some(l) = live.get_mut(id) {
-                    l.state = None;
+        if !self.cfg.overlap {
+            return self.step_loop(&mut live, None, t0, &mut on_event);
+        }
+        let model = self.model.clone();
+        let jcfg = self.job_cfg();
+        std::thread::scope(|scope| {
+            let (jobs, job_rx) = mpsc::channel::<Job<B::Tensor>>();
+            let (res_tx, results) = mpsc::channel();
+            scope.spawn(move || {
+                for job in job_rx {
+                    let r = on_pool(|| run_job(&model, &jcfg, job));
+                    if res_tx.send(r).is_err() {
+                        break;
+                    }
+                }
+            });
+            let worker = Worker { jobs, results };
+            // Debug mode: any device read on this thread fails loudly from here on.
+            let _phase = self.cfg.sync_check.then(LaunchPhase::enter);
+            // `worker` drops at the end of this closure: its channel closes, the thread ends.
+            self.step_loop(&mut live, Some(&worker), t0, &mut on_event)
+        })
+    }
+
+    fn job_cfg(&self) -> JobCfg {
+        JobCfg {
+            vocab: self.model.cfg.vocab_size,
+            eos: self.model.cfg.eos_token_id.map(|e| e as u32),
+            snapshot_block: self.cfg.prefix_caching.then_some(self.cfg.block_size),
+            spec_drafts: self.cfg.spec_drafts,
+        }
+    }
+
+    /// The step loop. Without a worker every step runs in order (schedule, device work,
+    /// parse, update). With one, see the module docs: step N's device work runs on the
+    /// worker while this thread parses step N−1's tokens and plans step N+1.
+    fn step_loop(
+        &mut self,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+        worker: Option<&Worker<B::Tensor>>,
+        t0: Instant,
+        on_event: &mut dyn FnMut(&StreamEvent) -> bool,
+    ) -> Result<(), EngineError> {
+        let overlap = worker.is_some();
+        let jcfg = self.job_cfg();
+        let mut plan = StepPlan::default();
+        let mut ahead = StepPlan::default();
+        let mut have_ahead = false;
+        let mut out = StepOutput::default();
+        let mut ids: Vec<u32> = Vec::new();
+        // Overlap: the step just updated, parsed while the next one computes.
+        let mut post: Option<Post> = None;
+        loop {
+            if have_ahead {
+                std::mem::swap(&mut plan, &mut ahead);
+                have_ahead = false;
+            } else {
+                if self.sched.is_idle() {
+                    break;
+                }
+                let ts = Instant::now();
+                {
+                    let _span = tracing::debug_span!("schedule").entered();
+                    self.sched.schedule_into(&mut plan)?;
+                }
+                self.metrics.sched_ms += ms_since(ts);
+                drop_states(&plan.preempted, live);
+                if plan.is_empty() {
+                    return Err(EngineError::Stuck(
+                        self.sched.num_running() + self.sched.num_waiting(),
+                    ));
                 }
             }
             if plan.is_empty() {
-                return Err(EngineError::Stuck(live.len()));
+                // Everything planned ahead was cancelled by the last update: retire it.
+                out.clear(plan.step);
+                let ts = Instant::now();
+                let res = self.sched.update(&out)?;
+                self.metrics.sched_ms += ms_since(ts);
+                drop_states(&res.preempted, live);
+                continue;
             }
             self.metrics.steps += 1;
-            // Row groups → pieces, restoring states where the scheduler resumes a request.
-            let mut pieces = Vec::with_capacity(plan.num_groups());
-            let groups = plan
-                .prefill
-                .iter()
-                .map(|c| (c.request, c.start, c.start + c.len, c.samples, 0))
-                .chain(
-                    plan.decode
-                        .iter()
-                        .map(|d| (d.request, d.position, d.position + 1, true, d.drafts)),
-                );
-            let mut spec_snaps: HashMap<u64, SeqState<B::Tensor>> = HashMap::new();
-            let mut draft_q: HashMap<u64, Vec<f32>> = HashMap::new();
-            for (sid, start, end, samples, drafts) in groups {
-                let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
-                if l.cached.is_none() {
-                    l.cached = Some(start);
-                    self.metrics.cached_prompt_tokens += start as u64;
-                }
-                let ok = l.state.as_ref().is_some_and(|s| s.pos == start);
-                if !ok {
-                    let toks = self
-                        .sched
-                        .tokens(sid)
-                        .ok_or(SchedError::UnknownRequest(sid))?;
-                    let st = match self.prefix.lookup(&toks[..start]) {
-                        Some(s) => {
-                            self.metrics.state_snapshot_hits += 1;
-                            s
-                        }
-                        None => self.model.new_state(),
-                    };
-                    self.metrics.replayed_tokens += (start - st.pos) as u64;
-                    l.state = Some(st);
-                }
-                let from = l.state.as_ref().map(|s| s.pos).unwrap_or(0);
-                if drafts > 0 && from == start {
-                    // Draft from the state before the anchor, keep it for the rollback.
-                    let st = l.state.as_ref().ok_or(SchedError::UnknownRequest(sid))?;
-                    let anchor = self
-                        .sched
-                        .tokens(sid)
-                        .and_then(|t| t.get(start).copied())
-                        .ok_or(SchedError::UnknownRequest(sid))?;
-                    let td = Instant::now();
-                    let stochastic = l.params.sampling.temperature > 0.0;
-                    let (extra, q) = match l.next_draft.take() {
-                        // Drafted at the end of the last step (budgeted mode).
-                        Some(nd)
-                            if nd.pos == st.pos
-                                && nd.anchor == anchor
-                                && nd.ids.len() >= drafts =>
-                        {
-                            let v = self.model.cfg.vocab_size;
-                            (
-                                nd.ids[..drafts].to_vec(),
-                                nd.q.map(|mut q| {
-                                    q.truncate(drafts * v);
-                                    q
-                                }),
-                            )
-                        }
-                        _ => {
-                            let d = self.model.draft(st, anchor)?;
-                            let q = stochastic.then(|| {
-                                softmax_rows(&d.logits, self.model.cfg.vocab_size, drafts)
-                            });
-                            (d.draft_ids[..drafts].to_vec(), q)
-                        }
-                    };
-                    spec_snaps.insert(sid, st.clone());
-                    self.metrics.draft_tokens += drafts as u64;
-                    self.metrics.spec_rows += 1;
-                    if let Some(q) = q {
-                        draft_q.insert(sid, q);
-                    }
-                    self.metrics.draft_ms += ms_since(td);
-                    pieces.push(Piece {
-                        sid,
-                        from,
-                        to: end,
-                        samples,
-                        extra,
-                        spec: true,
-                    });
-                    continue;
-                }
-                // Split at the snapshot point so a later identical prefix can resume there.
-                if self.cfg.prefix_caching && from < l.cut && l.cut < end {
-                    pieces.push(Piece {
-                        sid,
-                        from,
-                        to: l.cut,
-                        samples: false,
-                        extra: Vec::new(),
-                        spec: false,
-                    });
-                    pieces.push(Piece {
-                        sid,
-                        from: l.cut,
-                        to: end,
-                        samples,
-                        extra: Vec::new(),
-                        spec: false,
-                    });
-                } else {
-                    pieces.push(Piece {
-                        sid,
-                        from,
-                        to: end,
-                        samples,
-                        extra: Vec::new(),
-                        spec: false,
-                    });
-                }
-            }
-            // Forward: first pieces of every group, then the second halves of split groups.
-            let mut logits: HashMap<u64, Vec<f32>> = HashMap::new();
-            let mut phase: Vec<&Piece> = Vec::new();
-            let mut second: Vec<&Piece> = Vec::new();
-            let mut spec: Vec<&Piece> = Vec::new();
-            for (i, p) in pieces.iter().enumerate() {
-                if p.spec {
-                    spec.push(p);
-                } else if i > 0 && pieces[i - 1].sid == p.sid {
-                    second.push(p);
-                } else {
-                    phase.push(p);
-                }
-            }
-            for (group, which) in [
-                (phase, Logits::Last),
-                (second, Logits::Last),
-                (spec, Logits::All),
-            ] {
-                if group.is_empty() {
-                    continue;
-                }
-                self.forward_group(&group, which, &mut live, &mut logits)?;
-            }
-            // Verify drafts (fixed length: each row's path depends on its own data only).
-            let v = self.model.cfg.vocab_size;
-            let words = v.div_ceil(32);
-            let eos = self.model.cfg.eos_token_id.map(|e| e as u32);
-            let tv = Instant::now();
-            let verify_span = tracing::debug_span!("verify").entered();
-            let mut verified: HashMap<u64, Vec<Tok>> = HashMap::new();
-            let mut rollbacks = Vec::new();
-            // Drafts a matcher advanced over to build the masks (rolled back before the
-            // verified tokens are accepted).
-            let mut grammar_drafts: HashMap<u64, usize> = HashMap::new();
-            for p in pieces.iter().filter(|p| p.spec) {
-                let l = live
-                    .get_mut(&p.sid)
-                    .ok_or(SchedError::UnknownRequest(p.sid))?;
-                let masks = match l.matcher.as_mut() {
-                    Some(m) => {
-                        let tg = Instant::now();
-                        let (masks, k) = draft_masks(m.as_mut(), &p.extra, words, eos);
-                        grammar_drafts.insert(p.sid, k);
-                        self.metrics.grammar_ms += ms_since(tg);
-                        Some(masks)
-                    }
-                    None => None,
-                };
-                let l = &live[&p.sid];
-                let toks = self
-                    .sched
-                    .tokens(p.sid)
-                    .ok_or(SchedError::UnknownRequest(p.sid))?;
-                let sp = &l.params.sampling;
-                let req = VerifyRequest {
-                    target_logits: logits[&p.sid].as_slice(),
-                    vocab: v,
-                    draft_tokens: &p.extra,
-                    draft_probs: draft_q.get(&p.sid).map(Vec::as_slice),
-                    masks: masks.as_deref(),
-                    history: &toks[l.prompt_len.min(toks.len())..],
-                    position: p.to as u64,
-                    params: sp,
-                    mode: if sp.temperature <= 0.0 {
-                        VerifyMode::Greedy
-                    } else {
-                        VerifyMode::Stochastic
-                    },
-                };
-                let vo = verify(&req)?;
-                self.metrics.accepted_drafts += vo.accepted as u64;
-                if vo.accepted < p.extra.len() {
-                    rollbacks.push(Piece {
-                        sid: p.sid,
-                        from: p.from,
-                        to: p.to,
-                        samples: false,
-                        extra: p.extra[..vo.accepted].to_vec(),
-                        spec: false,
-                    });
-                    if let (Some(l), Some(snap)) = (live.get_mut(&p.sid), spec_snaps.remove(&p.sid))
-                    {
-                        l.state = Some(snap);
-                    }
-                }
-                verified.insert(
-                    p.sid,
-                    vo.tokens
-                        .iter()
-                        .zip(&vo.logprobs)
-                        .map(|(&t, &lp)| (t, lp, Vec::new()))
-                        .collect(),
-                );
-            }
-            drop(verify_span);
-            self.metrics.sample_ms += ms_since(tv);
-            if !rollbacks.is_empty() {
-                // Re-run the accepted prefix on the pre-draft state (exact state, no drafts).
-                let group: Vec<&Piece> = rollbacks.iter().collect();
-                let mut unused = HashMap::new();
-                self.forward_group(&group, Logits::Last, &mut live, &mut unused)?;
-            }
-            // Grammar masks of the sampling rows (bit set = allowed), then sample every row
-            // that samples; a fork-group parent's row emits its forced prompt token instead.
-            let tg = Instant::now();
-            let grammar_span = tracing::debug_span!("grammar").entered();
-            let mut row_sids = Vec::new();
-            let mut masks: Vec<Option<Vec<u32>>> = Vec::new();
-            for p in pieces.iter().filter(|p| p.samples && !p.spec) {
-                let l = live
-                    .get_mut(&p.sid)
-                    .ok_or(SchedError::UnknownRequest(p.sid))?;
-                if l.forced.is_some() {
-                    continue;
-                }
-                row_sids.push(p.sid);
-                masks.push(l.matcher.as_mut().map(|m| {
-                    let mut mask = vec![0u32; words];
-                    fill_mask(m.as_mut(), &mut mask, eos);
-                    mask
-                }));
-            }
-            drop(grammar_span);
-            self.metrics.grammar_ms += ms_since(tg);
-            let tsm = Instant::now();
-            let empty: Vec<u32> = Vec::new();
-            let rows: Vec<SampleRequest<'_, f32>> = row_sids
-                .iter()
-                .zip(&masks)
-                .map(|(sid, mask)| {
-                    let l = &live[sid];
-                    let p = pieces
-                        .iter()
-                        .rev()
-                        .find(|p| p.sid == *sid)
-                        .map(|p| p.to)
-                        .unwrap_or(0);
-                    let hist = self
-                        .sched
-                        .tokens(*sid)
-                        .map(|t| &t[l.prompt_len.min(t.len())..])
-                        .unwrap_or(&empty);
-                    SampleRequest {
-                        logits: logits[sid].as_slice(),
-                        mask: mask.as_deref(),
-                        history: hist,
-                        position: p as u64,
-                        params: &l.params.sampling,
-                    }
-                })
-                .collect();
-            let sampled = {
-                let _span = tracing::debug_span!("sample", rows = rows.len()).entered();
-                sample_batch(&rows)
+            let tb = Instant::now();
+            let (job, drain) = {
+                let _span = tracing::debug_span!("build").entered();
+                self.build_job(&plan, live)?
             };
-            drop(rows);
-            let mut sampled: HashMap<u64, _> = row_sids.into_iter().zip(sampled).collect();
-            self.metrics.sample_ms += ms_since(tsm);
+            self.metrics.build_ms += ms_since(tb);
+            let launched = Instant::now();
+            let done = match worker {
+                None => {
+                    let model = &*self.model;
+                    on_pool(|| run_job(model, &jcfg, job))
+                }
+                Some(w) => {
+                    w.jobs
+                        .send(job)
+                        .map_err(|_| EngineError::Worker("the device worker stopped".into()))?;
+                    // Host work while the step computes: the previous step's tokens, then
+                    // the next plan (not when this step forks: a fork needs its parent
+                    // out of flight).
+                    if let Some(p) = post.take() {
+                        self.post_process(p, live, t0, on_event)?;
+                    }
+                    if !drain && !self.sched.is_idle() {
+                        let ts = Instant::now();
+                        {
+                            let _span = tracing::debug_span!("schedule").entered();
+                            self.sched.schedule_into(&mut ahead)?;
+                        }
+                        self.metrics.sched_ms += ms_since(ts);
+                        have_ahead = true;
+                    }
+                    let host_end = Instant::now();
+                    let r = w
+                        .results
+                        .recv()
+                        .map_err(|_| EngineError::Worker("the device worker stopped".into()))?;
+                    if let Ok(o) = &r {
+                        let end = host_end.min(o.done);
+                        self.metrics.hidden_ms +=
+                            end.saturating_duration_since(launched).as_secs_f64() * 1e3;
+                    }
+                    self.metrics.wait_ms += ms_since(host_end);
+                    r
+                }
+            }?;
+            let step_ms = ms_since(launched);
+            self.add_stats(&done.stats);
+
+            // The step's tokens → the scheduler (without overlap, parsed first so a stop
+            // sequence ends the request in this very update).
             let tp = Instant::now();
-            let parse_span = tracing::debug_span!("parse").entered();
+            for snap in done.snapshots {
+                self.prefix.insert(snap);
+            }
             let now = ms_since(t0);
-            let mut out = StepOutput::new(plan.step);
             let mut aborts = Vec::new();
             let mut to_fork = Vec::new();
-            for sid in plan.requests() {
-                let Some(piece) = pieces.iter().rev().find(|p| p.sid == sid) else {
-                    continue;
-                };
-                let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
-                if piece.samples
-                    && !piece.spec
-                    && let Some(t) = l.forced.take()
-                {
-                    // The prompt's last token, fed as the parent's first "output".
+            let mut step_toks = Vec::with_capacity(done.seqs.len());
+            out.clear(plan.step);
+            for s in done.seqs {
+                let sid = s.sid;
+                if let Some(t) = s.forced {
+                    // The prompt's last token, fed as a fork parent's first "output".
                     out.push(sid, &[t], false);
-                    to_fork.push(sid);
+                    if let Some(l) = live.get_mut(&sid) {
+                        l.dev = s.dev;
+                        l.forced = None;
+                        to_fork.push(sid);
+                    }
                     continue;
                 }
-                let mut toks: Vec<Tok> = if piece.spec {
-                    verified.remove(&sid).unwrap_or_default()
-                } else if piece.samples {
-                    let s = sampled
-                        .remove(&sid)
-                        .ok_or(SchedError::UnknownRequest(sid))??;
-                    vec![(s.token, s.logprob, s.top_logprobs)]
+                ids.clear();
+                ids.extend(s.toks.iter().map(|t| t.0));
+                let Some(l) = live.get_mut(&sid) else {
+                    // Ended (stop sequence, abort) while this step computed: the scheduler
+                    // ignores the row, but the output must still list it.
+                    out.push(sid, &ids, false);
+                    continue;
+                };
+                l.dev = s.dev;
+                if overlap {
+                    out.push_with_confidences(sid, &ids, false, &s.confs);
+                    step_toks.push((sid, s.toks));
                 } else {
-                    Vec::new()
-                };
-                // Keep a stop token, drop what a verified block produced after it.
-                if let Some(j) = toks.iter().position(|t| l.stop_tokens.contains(&t.0)) {
-                    toks.truncate(j + 1);
+                    let r = parse_tokens(l, &s.toks, now, &mut self.metrics, on_event);
+                    if r.abort {
+                        aborts.push(sid);
+                    }
+                    out.push_with_confidences(sid, &ids[..r.used], r.stopped, &s.confs);
                 }
-                if let Some(m) = l.matcher.as_mut() {
-                    let tg = Instant::now();
-                    if let Some(k) = grammar_drafts.remove(&sid) {
-                        let _ = m.rollback(k);
-                    }
-                    for t in &toks {
-                        // A rejected token (only a stop token outside the grammar can be)
-                        // leaves the matcher where it was.
-                        let _ = m.accept(t.0);
-                    }
-                    self.metrics.grammar_ms += ms_since(tg);
-                }
-                let mut keep = true;
-                let mut stop = false;
-                for (token, logprob, top) in &toks {
-                    self.metrics.generated_tokens += 1;
-                    l.first_token.get_or_insert(now);
-                    l.last_token = now;
-                    if l.params.logprobs {
-                        l.logprobs.push(TokenLogprob {
-                            token: *token,
-                            logprob: *logprob,
-                            top: top.clone(),
-                        });
-                    }
-                    keep &= on_event(&StreamEvent::Token {
-                        id: l.user_id,
-                        token: *token,
-                        logprob: *logprob,
-                    });
-                    if !stop
-                        && !l.stop_tokens.contains(token)
-                        && let Some(parser) = l.parser.as_mut()
-                    {
-                        let evs = parser.push_tokens(&[*token]);
-                        stop = parser.is_stopped();
-                        keep &= apply_events(l, evs, &mut on_event);
-                    }
-                }
-                if !keep {
-                    aborts.push(sid);
-                }
-                let ids: Vec<u32> = toks.iter().map(|t| t.0).collect();
-                let next_len = self.sched.tokens(sid).map_or(0, <[u32]>::len) + ids.len();
-                let confs = match (self.cfg.spec_budget, ids.last()) {
-                    (SpecBudget::Budgeted, Some(&anchor))
-                        if self.cfg.spec_drafts > 0
-                            && !stop
-                            && !l.stop_tokens.contains(&anchor)
-                            && next_len - l.prompt_len < l.params.max_tokens =>
-                    {
-                        let td = Instant::now();
-                        let c = self.draft_ahead(l, anchor, next_len);
-                        self.metrics.draft_ms += ms_since(td);
-                        c
-                    }
-                    _ => Vec::new(),
-                };
-                out.push_with_confidences(sid, &ids, stop, &confs);
             }
             self.metrics.post_ms += ms_since(tp);
-            drop(parse_span);
-            // The whole step's wall time feeds the cost models (the draft planner's buckets).
-            out.step_ms = Some(ms_since(ts).max(1e-3));
+            // The step's wall time feeds the cost models (the draft planner's buckets).
+            out.step_ms = Some(step_ms.max(1e-3));
             let tu = Instant::now();
             let res = {
                 let _span = tracing::debug_span!("update").entered();
                 self.sched.update(&out)?
             };
+            if have_ahead {
+                res.apply_to(&mut ahead);
+                drop_states(&ahead.preempted, live);
+            }
+            drop_states(&res.preempted, live);
             for sid in to_fork {
                 if !res.finished.iter().any(|f| f.id == sid) {
-                    self.fork_children(sid, &mut live)?;
+                    self.fork_children(sid, live)?;
                 }
             }
             self.metrics.sched_ms += ms_since(tu);
-            let mut finished = res.finished;
-            for sid in aborts {
-                if let Ok(f) = self.sched.abort(sid) {
-                    finished.push(f);
+            if overlap {
+                post = Some(Post {
+                    toks: step_toks,
+                    finished: res.finished,
+                });
+            } else {
+                let tp = Instant::now();
+                let mut finished = res.finished;
+                for sid in aborts {
+                    if let Ok(f) = self.sched.abort(sid) {
+                        finished.push(f);
+                    }
                 }
+                finish_all(finished, live, t0, on_event);
+                self.metrics.post_ms += ms_since(tp);
             }
-            let tp = Instant::now();
-            for f in finished {
-                let Some(l) = live.remove(&f.id) else {
-                    continue;
-                };
-                let o = finish(l, f, ms_since(t0));
-                on_event(&StreamEvent::Finished(Box::new(o)));
-            }
-            self.metrics.post_ms += ms_since(tp);
+        }
+        if let Some(p) = post.take() {
+            self.post_process(p, live, t0, on_event)?;
         }
         Ok(())
     }
 
-    /// Budgeted speculation: draft the next block now (the state has consumed everything
-    /// but `anchor`, the last token of this step) and return the drafter's confidences for
-    /// the planner; the drafts wait in the request for its next decode row.
-    fn draft_ahead(&self, l: &mut Live<B::Tensor>, anchor: u32, next_len: usize) -> Vec<f64> {
-        let Some(st) = l.state.as_ref().filter(|s| s.pos + 1 == next_len) else {
-            return Vec::new();
-        };
-        let Ok(d) = self.model.draft(st, anchor) else {
-            return Vec::new();
-        };
-        let n = self.cfg.spec_drafts.min(d.draft_ids.len());
-        let v = self.model.cfg.vocab_size;
-        let q = (l.params.sampling.temperature > 0.0).then(|| softmax_rows(&d.logits, v, n));
-        let confs = d.confidence[..n]
-            .iter()
-            .map(|&c| {
-                if c.is_finite() {
-                    f64::from(c).clamp(0.0, 1.0)
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        l.next_draft = Some(NextDraft {
-            pos: st.pos,
-            anchor,
-            ids: d.draft_ids[..n].to_vec(),
-            q,
-        });
-        confs
-    }
-
-    /// One forward call over `group` (at most one piece per request), keeping each piece's
-    /// last-row logits and snapshotting states that end on a block boundary.
-    fn forward_group(
+    /// Overlap: parse a step's tokens (stream parser, events, log-probabilities), end the
+    /// requests a stop sequence or the caller ended, and report every finished request.
+    fn post_process(
         &mut self,
-        group: &[&Piece],
-        which: Logits,
+        p: Post,
         live: &mut HashMap<u64, Live<B::Tensor>>,
-        logits: &mut HashMap<u64, Vec<f32>>,
+        t0: Instant,
+        on_event: &mut dyn FnMut(&StreamEvent) -> bool,
     ) -> Result<(), EngineError> {
-        let mut states = Vec::with_capacity(group.len());
-        let mut toks = Vec::with_capacity(group.len());
-        for p in group {
-            let l = live
-                .get_mut(&p.sid)
-                .ok_or(SchedError::UnknownRequest(p.sid))?;
-            let st = l.state.take().unwrap_or_else(|| self.model.new_state());
-            let all = self
-                .sched
-                .tokens(p.sid)
-                .ok_or(SchedError::UnknownRequest(p.sid))?;
-            let mut t = all[p.from..p.to].to_vec();
-            t.extend_from_slice(&p.extra);
-            toks.push(t);
-            states.push(st);
-        }
-        let tf = Instant::now();
-        let res = {
-            let _span = tracing::debug_span!("forward", sequences = group.len()).entered();
-            let mut items: Vec<BatchItem<'_, B::Tensor>> = states
-                .iter_mut()
-                .zip(&toks)
-                .map(|(state, t)| BatchItem { state, tokens: t })
-                .collect();
-            self.model.forward(&mut items, which, None)
-        };
-        self.metrics.forward_ms += ms_since(tf);
-        self.metrics.forward_calls += 1;
-        self.metrics.forward_tokens += toks.iter().map(|t| t.len() as u64).sum::<u64>();
-        let rows = res?;
-        let v = self.model.cfg.vocab_size;
-        for ((p, st), mut row) in group.iter().zip(states).zip(rows) {
-            if which == Logits::All {
-                // Keep the rows of the decode input and its drafts (replayed rows come first).
-                let keep = (1 + p.extra.len()) * v;
-                row.drain(..row.len().saturating_sub(keep));
-            }
-            if self.cfg.prefix_caching
-                && p.extra.is_empty()
-                && st.pos.is_multiple_of(self.cfg.block_size)
+        let tp = Instant::now();
+        let _span = tracing::debug_span!("parse").entered();
+        let now = ms_since(t0);
+        let mut finished = p.finished;
+        for (sid, toks) in p.toks {
+            let Some(l) = live.get_mut(&sid) else {
+                continue;
+            };
+            let r = parse_tokens(l, &toks, now, &mut self.metrics, on_event);
+            // The step after this one already runs with the request: end it now (the
+            // scheduler drops that step's row) and keep only what was parsed.
+            if (r.abort || r.stopped)
+                && !finished.iter().any(|f| f.id == sid)
+                && let Ok(f) = self.sched.abort(sid)
             {
-                let all = self
-                    .sched
-                    .tokens(p.sid)
-                    .ok_or(SchedError::UnknownRequest(p.sid))?;
-                self.prefix.insert(&all[..st.pos], &st);
+                finished.push(f);
             }
-            if let Some(l) = live.get_mut(&p.sid) {
-                l.state = Some(st);
-            }
-            logits.insert(p.sid, row);
         }
+        finish_all(finished, live, t0, on_event);
+        self.metrics.post_ms += ms_since(tp);
         Ok(())
     }
+
+    /// The device work of `plan`: each row group's state (restored from a prefix snapshot
+    /// or rebuilt by replay when it is not where the scheduler resumes), input rows, drafts
+    /// to verify and sampling settings. Returns whether a fork-group parent emits its
+    /// forced token (the step must be updated before the next one is planned).
+    fn build_job(
+        &mut self,
+        plan: &StepPlan,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+    ) -> Result<(Job<B::Tensor>, bool), EngineError> {
+        let mut job = Vec::with_capacity(plan.num_groups());
+        let mut drain = false;
+        let bt = self.model.global_block_tokens().max(1);
+        let mut reserve = 0;
+        let max_len = self
+            .cfg
+            .max_model_len
+            .min(self.cfg.num_blocks * self.cfg.block_size);
+        let budgeted = self.cfg.spec_drafts > 0 && self.cfg.spec_budget == SpecBudget::Budgeted;
+        let groups = plan
+            .prefill
+            .iter()
+            .map(|c| (c.request, c.start, c.start + c.len, c.samples, 0))
+            .chain(
+                plan.decode
+                    .iter()
+                    .map(|d| (d.request, d.position, d.position + 1, true, d.drafts)),
+            );
+        for (sid, start, end, samples, drafts) in groups {
+            let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
+            if l.cached.is_none() {
+                l.cached = Some(start);
+                self.metrics.cached_prompt_tokens += start as u64;
+            }
+            let toks = self
+                .sched
+                .tokens(sid)
+                .ok_or(SchedError::UnknownRequest(sid))?;
+            if end > toks.len() {
+                return Err(EngineError::Sched(SchedError::UnknownRequest(sid)));
+            }
+            if l.dev.state.as_ref().is_none_or(|s| s.pos != start) {
+                let st = match self.prefix.lookup(&toks[..start]) {
+                    Some(s) => {
+                        self.metrics.state_snapshot_hits += 1;
+                        s
+                    }
+                    None => self.model.new_state(),
+                };
+                self.metrics.replayed_tokens += (start - st.pos) as u64;
+                l.dev.state = Some(st);
+            }
+            let from = l.dev.state.as_ref().map_or(0, |s| s.pos);
+            let mut dev = std::mem::take(&mut l.dev);
+            dev.rows.clear();
+            dev.rows.extend_from_slice(&toks[from..end]);
+            // Split at the snapshot point so a later identical prefix can resume there.
+            let split =
+                (self.cfg.prefix_caching && from < l.cut && l.cut < end).then(|| l.cut - from);
+            let forced = if samples { l.forced } else { None };
+            drain |= forced.is_some();
+            let sample = samples && forced.is_none();
+            // Drafts past the token or context limit are wasted rows; a plan made while the
+            // previous step computed counted one token fewer (overlap), so cap them here
+            // from the known tokens, as the in-order loop's scheduler did.
+            let left_new =
+                (l.fx.params.max_tokens + l.fx.prompt_len).saturating_sub(toks.len() + 1);
+            let left_ctx = max_len.saturating_sub(toks.len() + 1);
+            let drafts = drafts.min(left_new).min(left_ctx);
+            reserve += (dev.rows.len() + drafts).div_ceil(bt) + 1;
+            job.push(JobSeq {
+                sid,
+                fx: l.fx.clone(),
+                dev,
+                split,
+                to: end,
+                sample,
+                drafts,
+                draft_ahead: sample && budgeted,
+                forced,
+            });
+        }
+        // Old prefix snapshots give way to the sequences of this step.
+        while free_global_blocks(&self.model) < reserve && self.prefix.evict_lru() {}
+        Ok((Job { seqs: job, reserve }, drain))
+    }
+
+    fn add_stats(&mut self, s: &DevStats) {
+        let m = &mut self.metrics;
+        m.forward_ms += s.forward_ms;
+        m.sample_ms += s.sample_ms;
+        m.draft_ms += s.draft_ms;
+        m.grammar_ms += s.grammar_ms;
+        m.forward_calls += s.forward_calls;
+        m.forward_tokens += s.forward_tokens;
+        m.draft_tokens += s.draft_tokens;
+        m.accepted_drafts += s.accepted_drafts;
+        m.spec_rows += s.spec_rows;
+    }
+}
+
+/// The device worker's two channels (overlapped scheduling).
+struct Worker<T> {
+    jobs: mpsc::Sender<Job<T>>,
+    results: mpsc::Receiver<Result<JobOut<T>, EngineError>>,
+}
+
+/// A step's tokens and finished requests, parsed while the next step computes.
+struct Post {
+    toks: Vec<(u64, Vec<Tok>)>,
+    finished: Vec<Finished>,
+}
+
+/// Run `f` on a thread of rayon's global pool (the forward's parallel loops then stay on
+/// that pool instead of handing every operation over from an outside thread).
+fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
+}
+
+/// Forget the model state of preempted requests (recomputed on re-admission: the state goes
+/// with the KV blocks).
+fn drop_states<T>(ids: &[RequestId], live: &mut HashMap<u64, Live<T>>) {
+    for id in ids {
+        if let Some(l) = live.get_mut(id) {
+            l.dev.state = None;
+            l.dev.next_draft = None;
+        }
+    }
+}
+
+/// What parsing a step's tokens found.
+struct Parsed {
+    /// Tokens of the step kept (up to the one that completed a stop sequence).
+    used: usize,
+    /// The caller asked to abort the request.
+    abort: bool,
+    /// A stop sequence ended the output.
+    stopped: bool,
+}
+
+/// Feed a step's tokens to the request's output: log-probabilities, token events, the
+/// stream parser. Tokens after a stop sequence are dropped.
+fn parse_tokens<T>(
+    l: &mut Live<T>,
+    toks: &[Tok],
+    now: f64,
+    metrics: &mut Metrics,
+    on_event: &mut dyn FnMut(&StreamEvent) -> bool,
+) -> Parsed {
+    let mut keep = true;
+    let mut used = 0;
+    for (token, logprob, top) in toks {
+        if l.kept.is_some() {
+            break;
+        }
+        used += 1;
+        l.ngen += 1;
+        metrics.generated_tokens += 1;
+        l.first_token.get_or_insert(now);
+        l.last_token = now;
+        if l.fx.params.logprobs {
+            l.logprobs.push(TokenLogprob {
+                token: *token,
+                logprob: *logprob,
+                top: top.clone(),
+            });
+        }
+        keep &= on_event(&StreamEvent::Token {
+            id: l.user_id,
+            token: *token,
+            logprob: *logprob,
+        });
+        if !l.fx.stop_tokens.contains(token)
+            && let Some(parser) = l.parser.as_mut()
+        {
+            let evs = parser.push_tokens(&[*token]);
+            let stopped = parser.is_stopped();
+            keep &= apply_events(l, evs, on_event);
+            if stopped {
+                l.stopped = true;
+                l.kept = Some(l.ngen);
+            }
+        }
+    }
+    if !keep && l.kept.is_none() {
+        l.kept = Some(l.ngen);
+    }
+    Parsed {
+        used,
+        abort: !keep,
+        stopped: l.stopped,
+    }
+}
+
+/// Report finished requests (in order) and forget them.
+fn finish_all<T>(
+    finished: Vec<Finished>,
+    live: &mut HashMap<u64, Live<T>>,
+    t0: Instant,
+    on_event: &mut dyn FnMut(&StreamEvent) -> bool,
+) {
+    for f in finished {
+        let Some(l) = live.remove(&f.id) else {
+            continue;
+        };
+        let o = finish(l, f, ms_since(t0));
+        on_event(&StreamEvent::Finished(Box::new(o)));
+    }
+}
+
+/// The global-state pool for `cfg`: the KV pool's tokens in global blocks, plus per running
+/// sequence its partly filled block and two transient snapshots (rollback, fork), plus the
+/// prefix snapshots at their longest. Running out later only skips snapshots (or fails a
+/// step with a typed error), never panics.
+fn default_global_blocks<B: Backend>(model: &Model<B>, cfg: &EngineConfig) -> usize
+where
+    B::Tensor: Clone,
+{
+    let bt = model.global_block_tokens().max(1);
+    let live = (cfg.num_blocks * cfg.block_size).div_ceil(bt) + 3 * cfg.max_num_seqs;
+    let snaps = if cfg.prefix_caching {
+        cfg.prefix_state_capacity * (cfg.max_model_len.div_ceil(bt) + 1)
+    } else {
+        0
+    };
+    (live + snaps).clamp(64, 1 << 22)
 }
 
 /// A step-time model for the draft planner: forward passes of 1 and 16 rows on a scratch
@@ -1207,58 +1238,6 @@ fn hit_rule<B: Backend>(model: &Model<B>, cfg: &EngineConfig) -> HitRule {
     }
 }
 
-/// Fill `mask` from the matcher; when the grammar allows nothing (it cannot complete), allow
-/// only the end-of-sequence token so the request ends instead of failing the batch.
-fn fill_mask(m: &mut dyn Matcher, mask: &mut [u32], eos: Option<u32>) {
-    if m.fill_bitmask(mask).is_err() {
-        mask.fill(0);
-        match eos {
-            Some(e) if (e as usize) < mask.len() * 32 => mask[e as usize / 32] |= 1 << (e % 32),
-            _ => mask.fill(u32::MAX),
-        }
-    }
-}
-
-/// Masks for a verified draft block: mask `i` assumes drafts `..i` were accepted. The matcher
-/// is advanced over the drafts it accepts (returned count, to roll back); after the first
-/// draft it rejects, the remaining masks repeat the last one (verification stops there).
-fn draft_masks(
-    m: &mut dyn Matcher,
-    drafts: &[u32],
-    words: usize,
-    eos: Option<u32>,
-) -> (Vec<u32>, usize) {
-    let mut masks = vec![0u32; (drafts.len() + 1) * words];
-    let mut k = 0;
-    let mut live = true;
-    for i in 0..=drafts.len() {
-        if live {
-            fill_mask(m, &mut masks[i * words..(i + 1) * words], eos);
-            if i < drafts.len() {
-                if m.accept(drafts[i]).is_ok() {
-                    k += 1;
-                } else {
-                    live = false;
-                }
-            }
-        } else {
-            masks.copy_within((i - 1) * words..i * words, i * words);
-        }
-    }
-    (masks, k)
-}
-
-/// Softmax of the first `rows` rows/// Softmax of the first `rows` rows of `[_, v]` logits (the draft distributions).
-fn softmax_rows(logits: &[f32], v: usize, rows: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows * v);
-    for r in logits.chunks_exact(v).take(rows) {
-        let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let z: f64 = r.iter().map(|&x| ((x - m) as f64).exp()).sum();
-        out.extend(r.iter().map(|&x| (((x - m) as f64).exp() / z) as f32));
-    }
-    out
-}
-
 /// Content-only parsing (no thinking, no tools, no stop sequences).
 fn plain_parsing() -> deepinfer_recipe::protocol::ParsingOptions {
     deepinfer_recipe::protocol::ParsingOptions {
@@ -1274,7 +1253,7 @@ fn plain_parsing() -> deepinfer_recipe::protocol::ParsingOptions {
 fn apply_events<T>(
     l: &mut Live<T>,
     evs: Vec<Event>,
-    on_event: &mut impl FnMut(&StreamEvent) -> bool,
+    on_event: &mut dyn FnMut(&StreamEvent) -> bool,
 ) -> bool {
     let mut keep = true;
     for ev in evs {
@@ -1310,7 +1289,13 @@ fn apply_events<T>(
 }
 
 fn finish<T>(mut l: Live<T>, f: Finished, now_ms: f64) -> Output {
-    let backend = match f.reason {
+    // A stop sequence seen after the next step was launched ends the request by abort.
+    let reason = if l.stopped && f.reason == SchedFinish::Aborted {
+        SchedFinish::Stop
+    } else {
+        f.reason
+    };
+    let backend = match reason {
         SchedFinish::Stop => Some(BackendFinish::Stop),
         SchedFinish::Length => Some(BackendFinish::Length),
         SchedFinish::Aborted => None,
@@ -1319,7 +1304,7 @@ fn finish<T>(mut l: Live<T>, f: Finished, now_ms: f64) -> Output {
         let evs = parser.finish(backend);
         apply_events(&mut l, evs, &mut |_| true);
     }
-    let finish_reason = match (f.reason, l.parse_finish) {
+    let finish_reason = match (reason, l.parse_finish) {
         (SchedFinish::Aborted, _) => FinishReason::Aborted,
         (_, Some(ParseFinish::StopSequence)) => FinishReason::StopSequence,
         (SchedFinish::Stop, Some(ParseFinish::ToolCalls)) => FinishReason::ToolCalls,
@@ -1328,18 +1313,21 @@ fn finish<T>(mut l: Live<T>, f: Finished, now_ms: f64) -> Output {
     };
     let mut token_ids = f.output;
     token_ids.drain(..l.strip.min(token_ids.len()));
+    if let Some(k) = l.kept {
+        token_ids.truncate(k);
+    }
     let completion_tokens = token_ids.len();
     Output {
         id: l.user_id,
         index: l.index,
-        logprobs: l.params.logprobs.then_some(l.logprobs),
+        logprobs: l.fx.params.logprobs.then_some(l.logprobs),
         token_ids,
         text: l.text,
         reasoning: l.reasoning,
         tool_calls: l.calls,
         finish_reason,
         usage: Usage {
-            prompt_tokens: l.prompt_len,
+            prompt_tokens: l.fx.prompt_len,
             cached_tokens: l.cached.unwrap_or(0),
             completion_tokens,
         },

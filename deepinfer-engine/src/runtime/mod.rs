@@ -7,6 +7,7 @@ pub mod batch;
 pub mod bench;
 pub mod chat;
 pub mod default_model;
+mod device;
 pub mod engine;
 mod prefix;
 pub mod request;

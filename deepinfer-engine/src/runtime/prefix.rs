@@ -52,9 +52,14 @@ impl<T: Clone> PrefixStates<T> {
         }
     }
 
-    /// Keep `state`, the state after exactly `tokens` (ignored unless block-aligned).
-    pub(crate) fn insert(&mut self, tokens: &[u32], state: &SeqState<T>) {
-        if self.capacity == 0 || tokens.is_empty() || !tokens.len().is_multiple_of(self.block) {
+    /// Keep `state`, keyed by the tokens it consumed (ignored unless block-aligned).
+    pub(crate) fn insert(&mut self, state: SeqState<T>) {
+        let tokens = &state.history[..state.pos.min(state.history.len())];
+        if self.capacity == 0
+            || tokens.is_empty()
+            || tokens.len() != state.pos
+            || !tokens.len().is_multiple_of(self.block)
+        {
             return;
         }
         let Some(&key) = chain(tokens, self.block).last() else {
@@ -70,11 +75,12 @@ impl<T: Clone> PrefixStates<T> {
         {
             self.map.remove(&old);
         }
+        let tokens = tokens.to_vec();
         self.map.insert(
             key,
             Entry {
-                tokens: tokens.to_vec(),
-                state: state.clone(),
+                tokens,
+                state,
                 last_used: self.tick,
             },
         );
@@ -90,10 +96,22 @@ impl<T: Clone> PrefixStates<T> {
                 && e.tokens == tokens[..len]
             {
                 e.last_used = self.tick;
-                return Some(e.state.clone());
+                // No room in the global pool for the copy: replay instead.
+                return e.state.try_clone().ok();
             }
         }
         None
+    }
+
+    /// Drop the least recently used state; false when none is held.
+    pub(crate) fn evict_lru(&mut self) -> bool {
+        match self.map.iter().min_by_key(|(_, e)| e.last_used) {
+            Some((&k, _)) => {
+                self.map.remove(&k);
+                true
+            }
+            None => false,
+        }
     }
 
     /// States held.
@@ -106,9 +124,11 @@ impl<T: Clone> PrefixStates<T> {
 mod tests {
     use super::*;
 
-    fn st(pos: usize) -> SeqState<u8> {
+    /// A state that consumed `tokens`.
+    fn st(tokens: &[u32]) -> SeqState<u8> {
         let mut s = SeqState::new(1, 0);
-        s.pos = pos;
+        s.pos = tokens.len();
+        s.history = tokens.to_vec();
         s
     }
 
@@ -116,9 +136,9 @@ mod tests {
     fn longest_aligned_prefix_wins_and_tokens_are_checked() {
         let mut p = PrefixStates::new(4, 8);
         let toks: Vec<u32> = (0..12).collect();
-        p.insert(&toks[..4], &st(4));
-        p.insert(&toks[..8], &st(8));
-        p.insert(&toks[..6], &st(6)); // not aligned: ignored
+        p.insert(st(&toks[..4]));
+        p.insert(st(&toks[..8]));
+        p.insert(st(&toks[..6])); // not aligned: ignored
         assert_eq!(p.len(), 2);
         assert_eq!(p.lookup(&toks[..11]).map(|s| s.pos), Some(8));
         assert_eq!(p.lookup(&toks[..7]).map(|s| s.pos), Some(4));
@@ -129,10 +149,10 @@ mod tests {
     #[test]
     fn capacity_evicts_least_recently_used() {
         let mut p = PrefixStates::new(2, 2);
-        p.insert(&[1, 2], &st(2));
-        p.insert(&[3, 4], &st(2));
+        p.insert(st(&[1, 2]));
+        p.insert(st(&[3, 4]));
         assert!(p.lookup(&[1, 2]).is_some());
-        p.insert(&[5, 6], &st(2));
+        p.insert(st(&[5, 6]));
         assert_eq!(p.len(), 2);
         assert!(p.lookup(&[3, 4]).is_none());
         assert!(p.lookup(&[1, 2]).is_some());

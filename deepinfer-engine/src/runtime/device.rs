@@ -1,0 +1,602 @@
+//! The device half of an engine step: everything that reads the model's results.
+//!
+//! A [`Job`] holds, per scheduled request, what the step needs to compute: the sequence's
+//! state (moved in, not shared), its input tokens, how many drafts to verify, its grammar
+//! matcher and its sampling parameters. [`run_job`] drafts (DSpark), runs the forward calls,
+//! verifies drafts (re-running the accepted prefix after a rejection), fills grammar masks,
+//! samples, advances the matchers and, in budgeted speculation, drafts the next block; it
+//! hands every moved part back in [`JobOut`]. Nothing in here touches the scheduler, the
+//! stream parser or the caller's callback, so the host thread can do that work while a job
+//! runs (overlapped scheduling, see [`super::engine`]).
+
+use super::request::GenParams;
+use crate::{BatchItem, Logits, Model, SeqState};
+use deepinfer_kernels::Backend;
+use deepinfer_recipe::grammar::Matcher;
+use deepinfer_sample::{SampleRequest, VerifyMode, VerifyRequest, sample_batch, verify};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::engine::EngineError;
+
+/// One generated token with its log-probability and top alternatives.
+pub(crate) type Tok = (u32, f32, Vec<(u32, f32)>);
+
+/// A request's settings that do not change while it runs (shared with every job).
+#[derive(Debug)]
+pub(crate) struct Fixed {
+    pub params: GenParams,
+    /// Token ids that end the request (stop ids, EOS).
+    pub stop_tokens: Vec<u32>,
+    /// Prompt length as the user sent it (a fork parent's forced token included).
+    pub prompt_len: usize,
+}
+
+/// Drafts for the next decode row of a request (budgeted speculation drafts at the end of
+/// a step so the planner sees their confidences before it plans).
+pub(crate) struct NextDraft {
+    /// State position and anchor token they were drafted from.
+    pub pos: usize,
+    pub anchor: u32,
+    pub ids: Vec<u32>,
+    /// Draft distributions (stochastic verification only), `ids.len() * vocab`.
+    pub q: Option<Vec<f32>>,
+}
+
+/// The parts of a request that travel to the device with each step and come back.
+pub(crate) struct Dev<T> {
+    /// Model state (`None`: rebuilt from a prefix snapshot or by replay at the next step).
+    pub state: Option<SeqState<T>>,
+    /// Grammar matcher (structured outputs).
+    pub matcher: Option<Box<dyn Matcher>>,
+    pub next_draft: Option<NextDraft>,
+    /// Generated tokens so far (the sampler's penalties read them).
+    pub hist: Vec<u32>,
+    /// Input-token buffer, reused from step to step.
+    pub rows: Vec<u32>,
+}
+
+impl<T> Default for Dev<T> {
+    fn default() -> Self {
+        Dev {
+            state: None,
+            matcher: None,
+            next_draft: None,
+            hist: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
+}
+
+/// One request's work in a step.
+pub(crate) struct JobSeq<T> {
+    pub sid: u64,
+    pub fx: Arc<Fixed>,
+    /// `dev.rows`: input tokens from `state.pos` up to `to` (replayed rows first).
+    pub dev: Dev<T>,
+    /// The first forward covers `rows[..split]` (it ends at a prefix-snapshot point).
+    pub split: Option<usize>,
+    /// Position after the last input row (the sampling position).
+    pub to: usize,
+    /// Sample a token after the last row.
+    pub sample: bool,
+    /// Drafts to verify after the input row (a decode row with a state at its anchor).
+    pub drafts: usize,
+    /// Budgeted speculation: draft the next block after this step.
+    pub draft_ahead: bool,
+    /// A fork-group parent's forced token (the row samples nothing; the host emits it).
+    pub forced: Option<u32>,
+}
+
+/// Settings of [`run_job`] that do not change between steps.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobCfg {
+    pub vocab: usize,
+    pub eos: Option<u32>,
+    /// Prefix caching on: snapshot states that end on a multiple of this many tokens.
+    pub snapshot_block: Option<usize>,
+    /// Most drafts per row (budgeted drafting ahead).
+    pub spec_drafts: usize,
+}
+
+/// Time and counts of one job.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct DevStats {
+    pub forward_ms: f64,
+    pub sample_ms: f64,
+    pub draft_ms: f64,
+    pub grammar_ms: f64,
+    pub forward_calls: u64,
+    pub forward_tokens: u64,
+    pub draft_tokens: u64,
+    pub accepted_drafts: u64,
+    pub spec_rows: u64,
+}
+
+/// One request's results.
+pub(crate) struct SeqOut<T> {
+    pub sid: u64,
+    pub dev: Dev<T>,
+    /// Tokens of this step (none for a non-final prefill chunk or a forced row), cut after
+    /// the first stop token.
+    pub toks: Vec<Tok>,
+    /// Drafter confidences for the next step (budgeted speculation).
+    pub confs: Vec<f64>,
+    /// The forced token of a fork-group parent's row.
+    pub forced: Option<u32>,
+}
+
+/// A job's results, in job order.
+pub(crate) struct JobOut<T> {
+    pub seqs: Vec<SeqOut<T>>,
+    /// Block-aligned state snapshots for the prefix store (keyed by their own history).
+    pub snapshots: Vec<SeqState<T>>,
+    pub stats: DevStats,
+    /// When the job finished (overlap accounting).
+    pub done: Instant,
+}
+
+/// A step's work.
+pub(crate) struct Job<T> {
+    pub seqs: Vec<JobSeq<T>>,
+    /// Global-state blocks this step may need to grow its sequences: prefix snapshots are
+    /// taken only while more than this many stay free.
+    pub reserve: usize,
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Per-request scratch of one job.
+struct Scratch<T> {
+    /// Drafts appended to `rows` (verified by this step).
+    drafts: usize,
+    q: Option<Vec<f32>>,
+    /// Pre-draft state, restored when a draft is rejected.
+    snap: Option<SeqState<T>>,
+    masks: Option<Vec<u32>>,
+    /// Drafts the matcher advanced over while building `masks`.
+    grammar_k: usize,
+    logits: Vec<f32>,
+    toks: Vec<Tok>,
+}
+
+/// Run one step's device work. States come back advanced by exactly the accepted tokens.
+pub(crate) fn run_job<B: Backend>(
+    model: &Model<B>,
+    cfg: &JobCfg,
+    job: Job<B::Tensor>,
+) -> Result<JobOut<B::Tensor>, EngineError>
+where
+    B::Tensor: Clone,
+{
+    let Job { mut seqs, reserve } = job;
+    let v = cfg.vocab;
+    let words = v.div_ceil(32);
+    let mut st = DevStats::default();
+    let mut snapshots = Vec::new();
+    let mut sc: Vec<Scratch<B::Tensor>> = seqs
+        .iter()
+        .map(|_| Scratch {
+            drafts: 0,
+            q: None,
+            snap: None,
+            masks: None,
+            grammar_k: 0,
+            logits: Vec::new(),
+            toks: Vec::new(),
+        })
+        .collect();
+
+    // Drafts (DSpark) for decode rows whose state sits at the anchor.
+    for (s, x) in seqs.iter_mut().zip(sc.iter_mut()) {
+        if s.drafts == 0 || s.dev.rows.len() != 1 {
+            continue;
+        }
+        let Some(state) = s.dev.state.as_ref() else {
+            continue;
+        };
+        let td = Instant::now();
+        let anchor = s.dev.rows[0];
+        let stochastic = s.fx.params.sampling.temperature > 0.0;
+        let (ids, q) = match s.dev.next_draft.take() {
+            Some(nd) if nd.pos == state.pos && nd.anchor == anchor && !nd.ids.is_empty() => {
+                let k = s.drafts.min(nd.ids.len());
+                (
+                    nd.ids[..k].to_vec(),
+                    nd.q.map(|mut q| {
+                        q.truncate(k * v);
+                        q
+                    }),
+                )
+            }
+            _ => {
+                let d = model.draft(state, anchor)?;
+                let k = s.drafts.min(d.draft_ids.len());
+                let q = stochastic.then(|| softmax_rows(&d.logits, v, k));
+                (d.draft_ids[..k].to_vec(), q)
+            }
+        };
+        // No room in the global pool for the rollback snapshot: verify nothing this step.
+        if let Ok(snap) = state.try_clone() {
+            x.snap = Some(snap);
+            x.drafts = ids.len();
+            x.q = q;
+            st.draft_tokens += ids.len() as u64;
+            st.spec_rows += 1;
+            if let Some(m) = s.dev.matcher.as_mut() {
+                let tg = Instant::now();
+                let (masks, k) = draft_masks(m.as_mut(), &ids, words, cfg.eos);
+                x.masks = Some(masks);
+                x.grammar_k = k;
+                st.grammar_ms += ms_since(tg);
+            }
+            s.dev.rows.extend_from_slice(&ids);
+        }
+        st.draft_ms += ms_since(td);
+    }
+
+    // Forward: first pieces of every plain row group, then the second halves of split
+    // groups (after a snapshot point), then the rows verifying drafts (logits of every row).
+    let first = |s: &JobSeq<B::Tensor>, x: &Scratch<B::Tensor>| {
+        (x.drafts == 0).then(|| 0..s.split.unwrap_or(s.dev.rows.len()))
+    };
+    let second = |s: &JobSeq<B::Tensor>, x: &Scratch<B::Tensor>| {
+        (x.drafts == 0)
+            .then_some(s.split)
+            .flatten()
+            .map(|k| k..s.dev.rows.len())
+    };
+    let spec = |s: &JobSeq<B::Tensor>, x: &Scratch<B::Tensor>| {
+        (x.drafts > 0).then_some(0..s.dev.rows.len())
+    };
+    forward_set(
+        model,
+        cfg,
+        reserve,
+        &mut seqs,
+        &mut sc,
+        first,
+        Logits::Last,
+        &mut st,
+        &mut snapshots,
+    )?;
+    forward_set(
+        model,
+        cfg,
+        reserve,
+        &mut seqs,
+        &mut sc,
+        second,
+        Logits::Last,
+        &mut st,
+        &mut snapshots,
+    )?;
+    forward_set(
+        model,
+        cfg,
+        reserve,
+        &mut seqs,
+        &mut sc,
+        spec,
+        Logits::All,
+        &mut st,
+        &mut snapshots,
+    )?;
+
+    // Verify drafts (fixed length: each row's path depends on its own data only).
+    let tv = Instant::now();
+    let mut rerun = vec![None; seqs.len()];
+    for (i, (s, x)) in seqs.iter_mut().zip(sc.iter_mut()).enumerate() {
+        if x.drafts == 0 {
+            continue;
+        }
+        let sp = &s.fx.params.sampling;
+        let req = VerifyRequest {
+            target_logits: x.logits.as_slice(),
+            vocab: v,
+            draft_tokens: &s.dev.rows[1..],
+            draft_probs: x.q.as_deref(),
+            masks: x.masks.as_deref(),
+            history: &s.dev.hist,
+            position: s.to as u64,
+            params: sp,
+            mode: if sp.temperature <= 0.0 {
+                VerifyMode::Greedy
+            } else {
+                VerifyMode::Stochastic
+            },
+        };
+        let vo = verify(&req)?;
+        st.accepted_drafts += vo.accepted as u64;
+        if vo.accepted < x.drafts {
+            // Back to the pre-draft state; the accepted prefix is re-run below.
+            s.dev.state = x.snap.take();
+            rerun[i] = Some(0..1 + vo.accepted);
+        }
+        x.toks = vo
+            .tokens
+            .iter()
+            .zip(&vo.logprobs)
+            .map(|(&t, &lp)| (t, lp, Vec::new()))
+            .collect();
+    }
+    st.sample_ms += ms_since(tv);
+    if rerun.iter().any(Option::is_some) {
+        let mut k = 0;
+        let pick = |_: &JobSeq<B::Tensor>, _: &Scratch<B::Tensor>| {
+            let r = rerun[k].clone();
+            k += 1;
+            r
+        };
+        // The rows already have their tokens: the re-run only rebuilds the exact state.
+        forward_set(
+            model,
+            cfg,
+            reserve,
+            &mut seqs,
+            &mut sc,
+            pick,
+            Logits::Last,
+            &mut st,
+            &mut snapshots,
+        )?;
+    }
+
+    // Grammar masks of the sampling rows (bit set = allowed), then one token per row.
+    let tg = Instant::now();
+    let mut rows_at = Vec::new();
+    let mut masks: Vec<Option<Vec<u32>>> = Vec::new();
+    for (i, (s, x)) in seqs.iter_mut().zip(sc.iter()).enumerate() {
+        if !s.sample || x.drafts > 0 {
+            continue;
+        }
+        rows_at.push(i);
+        masks.push(s.dev.matcher.as_mut().map(|m| {
+            let mut mask = vec![0u32; words];
+            fill_mask(m.as_mut(), &mut mask, cfg.eos);
+            mask
+        }));
+    }
+    st.grammar_ms += ms_since(tg);
+    let tsm = Instant::now();
+    let sampled = {
+        let rows: Vec<SampleRequest<'_, f32>> = rows_at
+            .iter()
+            .zip(&masks)
+            .map(|(&i, mask)| SampleRequest {
+                logits: sc[i].logits.as_slice(),
+                mask: mask.as_deref(),
+                history: &seqs[i].dev.hist,
+                position: seqs[i].to as u64,
+                params: &seqs[i].fx.params.sampling,
+            })
+            .collect();
+        let _span = tracing::debug_span!("sample", rows = rows.len()).entered();
+        sample_batch(&rows)
+    };
+    for (i, r) in rows_at.into_iter().zip(sampled) {
+        let s = r?;
+        sc[i].toks = vec![(s.token, s.logprob, s.top_logprobs)];
+    }
+    st.sample_ms += ms_since(tsm);
+
+    // Per request: cut after a stop token, advance the matcher, remember the history,
+    // draft ahead (budgeted speculation).
+    let mut outs = Vec::with_capacity(seqs.len());
+    for (mut s, mut x) in seqs.into_iter().zip(sc) {
+        if let Some(j) = x.toks.iter().position(|t| s.fx.stop_tokens.contains(&t.0)) {
+            x.toks.truncate(j + 1);
+        }
+        if let Some(m) = s.dev.matcher.as_mut() {
+            let tg = Instant::now();
+            if x.grammar_k > 0 {
+                let _ = m.rollback(x.grammar_k);
+            }
+            for t in &x.toks {
+                // A rejected token (only a stop token outside the grammar can be) leaves
+                // the matcher where it was.
+                let _ = m.accept(t.0);
+            }
+            st.grammar_ms += ms_since(tg);
+        }
+        s.dev.hist.extend(x.toks.iter().map(|t| t.0));
+        let mut confs = Vec::new();
+        if s.draft_ahead
+            && let Some(&(anchor, _, _)) = x.toks.last()
+            && !s.fx.stop_tokens.contains(&anchor)
+        {
+            let next_len = s.to + x.toks.len();
+            if next_len.saturating_sub(s.fx.prompt_len) < s.fx.params.max_tokens {
+                let td = Instant::now();
+                confs = draft_ahead(model, cfg, &mut s, anchor, next_len);
+                st.draft_ms += ms_since(td);
+            }
+        }
+        outs.push(SeqOut {
+            sid: s.sid,
+            dev: s.dev,
+            toks: x.toks,
+            confs,
+            forced: s.forced,
+        });
+    }
+    Ok(JobOut {
+        seqs: outs,
+        snapshots,
+        stats: st,
+        done: Instant::now(),
+    })
+}
+
+/// One forward call over the requests `pick` selects (with the row range it gives),
+/// keeping each one's logits and snapshotting states that end on a block boundary.
+#[allow(clippy::too_many_arguments)]
+fn forward_set<B: Backend>(
+    model: &Model<B>,
+    cfg: &JobCfg,
+    reserve: usize,
+    seqs: &mut [JobSeq<B::Tensor>],
+    sc: &mut [Scratch<B::Tensor>],
+    mut pick: impl FnMut(&JobSeq<B::Tensor>, &Scratch<B::Tensor>) -> Option<std::ops::Range<usize>>,
+    which: Logits,
+    st: &mut DevStats,
+    snapshots: &mut Vec<SeqState<B::Tensor>>,
+) -> Result<(), EngineError>
+where
+    B::Tensor: Clone,
+{
+    let mut at = Vec::new();
+    let mut items: Vec<BatchItem<'_, B::Tensor>> = Vec::new();
+    for (i, (s, x)) in seqs.iter_mut().zip(sc.iter()).enumerate() {
+        let Some(r) = pick(s, x) else { continue };
+        if r.is_empty() {
+            continue;
+        }
+        let Dev { state, rows, .. } = &mut s.dev;
+        let Some(state) = state.as_mut() else {
+            continue;
+        };
+        st.forward_tokens += r.len() as u64;
+        items.push(BatchItem {
+            state,
+            tokens: &rows[r],
+        });
+        at.push(i);
+    }
+    if items.is_empty() {
+        return Ok(());
+    }
+    let tf = Instant::now();
+    let res = {
+        let _span = tracing::debug_span!("forward", sequences = items.len()).entered();
+        model.forward(&mut items, which, None)
+    };
+    drop(items);
+    st.forward_ms += ms_since(tf);
+    st.forward_calls += 1;
+    let v = cfg.vocab;
+    for (i, mut row) in at.into_iter().zip(res?) {
+        let x = &mut sc[i];
+        if which == Logits::All {
+            // Keep the rows of the decode input and its drafts (replayed rows come first).
+            let keep = (1 + x.drafts) * v;
+            row.drain(..row.len().saturating_sub(keep));
+        } else if let (Some(b), Some(state)) = (cfg.snapshot_block, seqs[i].dev.state.as_ref())
+            && state.pos.is_multiple_of(b)
+            && state.pos > 0
+            // Too little room in the global pool: skip the snapshot (it only saves
+            // recomputation; the step's sequences must still be able to grow).
+            && free_global_blocks(model) > reserve
+            && let Ok(snap) = state.try_clone()
+        {
+            snapshots.push(snap);
+        }
+        x.logits = row;
+    }
+    Ok(())
+}
+
+/// Free blocks of the model's global-state pool.
+pub(crate) fn free_global_blocks<B: Backend>(model: &Model<B>) -> usize
+where
+    B::Tensor: Clone,
+{
+    model
+        .global_cache()
+        .lock()
+        .map_or(0, |g| g.block_manager().pool().num_free())
+}
+
+/// Budgeted speculation: draft the next block now (the state has consumed everything but
+/// `anchor`, the last token of this step) and return the drafter's confidences for the
+/// planner; the drafts wait in the request for its next decode row.
+fn draft_ahead<B: Backend>(
+    model: &Model<B>,
+    cfg: &JobCfg,
+    s: &mut JobSeq<B::Tensor>,
+    anchor: u32,
+    next_len: usize,
+) -> Vec<f64>
+where
+    B::Tensor: Clone,
+{
+    let Some(st) = s.dev.state.as_ref().filter(|st| st.pos + 1 == next_len) else {
+        return Vec::new();
+    };
+    let Ok(d) = model.draft(st, anchor) else {
+        return Vec::new();
+    };
+    let n = cfg.spec_drafts.min(d.draft_ids.len());
+    let q = (s.fx.params.sampling.temperature > 0.0).then(|| softmax_rows(&d.logits, cfg.vocab, n));
+    let confs = d.confidence[..n]
+        .iter()
+        .map(|&c| {
+            if c.is_finite() {
+                f64::from(c).clamp(0.0, 1.0)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    s.dev.next_draft = Some(NextDraft {
+        pos: st.pos,
+        anchor,
+        ids: d.draft_ids[..n].to_vec(),
+        q,
+    });
+    confs
+}
+
+/// Fill `mask` from the matcher; when the grammar allows nothing (it cannot complete), allow
+/// only the end-of-sequence token so the request ends instead of failing the batch.
+fn fill_mask(m: &mut dyn Matcher, mask: &mut [u32], eos: Option<u32>) {
+    if m.fill_bitmask(mask).is_err() {
+        mask.fill(0);
+        match eos {
+            Some(e) if (e as usize) < mask.len() * 32 => mask[e as usize / 32] |= 1 << (e % 32),
+            _ => mask.fill(u32::MAX),
+        }
+    }
+}
+
+/// Masks for a verified draft block: mask `i` assumes drafts `..i` were accepted. The matcher
+/// is advanced over the drafts it accepts (returned count, to roll back); after the first
+/// draft it rejects, the remaining masks repeat the last one (verification stops there).
+fn draft_masks(
+    m: &mut dyn Matcher,
+    drafts: &[u32],
+    words: usize,
+    eos: Option<u32>,
+) -> (Vec<u32>, usize) {
+    let mut masks = vec![0u32; (drafts.len() + 1) * words];
+    let mut k = 0;
+    let mut live = true;
+    for i in 0..=drafts.len() {
+        if live {
+            fill_mask(m, &mut masks[i * words..(i + 1) * words], eos);
+            if i < drafts.len() {
+                if m.accept(drafts[i]).is_ok() {
+                    k += 1;
+                } else {
+                    live = false;
+                }
+            }
+        } else {
+            masks.copy_within((i - 1) * words..i * words, i * words);
+        }
+    }
+    (masks, k)
+}
+
+/// Softmax of the first `rows` rows of `[_, v]` logits (the draft distributions).
+fn softmax_rows(logits: &[f32], v: usize, rows: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * v);
+    for r in logits.chunks_exact(v).take(rows) {
+        let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = r.iter().map(|&x| ((x - m) as f64).exp()).sum();
+        out.extend(r.iter().map(|&x| (((x - m) as f64).exp() / z) as f32));
+    }
+    out
+}
