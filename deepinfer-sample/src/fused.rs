@@ -25,7 +25,7 @@ use crate::rng::PhiloxStream;
 const LANES: usize = 32;
 /// Tokens per block of the block sums.
 pub(crate) const BLOCK: usize = 1024;
-/// Rank buckets of the top-p histogram.
+/// Rank buckets of the top-p histogram (a power of two).
 const BUCKETS: usize = 2048;
 /// Buckets per unit of `-x` (`x = (l - l_max) / T`): bucket
 /// `floor(min(-x * 64, 2047))`. Weights are 0 below `x = -22.2`, so every
@@ -378,6 +378,7 @@ fn draw_top_p<L: LogitValue>(
         s.weights.resize(vocab, 0);
         s.buckets.resize(vocab, 0);
     }
+    let hist = &mut s.hist[..BUCKETS];
     let mut it = Chunks::new(row, 0..vocab, k.l_max);
     while it.advance() {
         let c = &it.c;
@@ -388,15 +389,17 @@ fn draw_top_p<L: LogitValue>(
         for j in 0..n {
             let wt = join(w.hi[j], w.lo[j]);
             // Tokens not allowed weigh 0 and go to the last bucket, which
-            // holds only zero weights and so is never the edge.
+            // holds only zero weights and so is never the edge. (Buckets are
+            // below BUCKETS, a power of two: the mask only drops the bounds
+            // check.)
             let b = if (c.bits >> j) & 1 == 1 {
-                w.bucket[j] as u16
+                w.bucket[j] as usize & (BUCKETS - 1)
             } else {
-                LAST
+                LAST as usize
             };
             ws[j] = wt;
-            bs[j] = b;
-            s.hist[b as usize] += wt;
+            bs[j] = b as u16;
+            hist[b] += wt;
         }
     }
     let z: u64 = s.hist.iter().sum();
