@@ -30,6 +30,20 @@ fn logits(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// One request per `VOCAB`-long row of `data`, at position 100.
+fn requests<'a>(data: &'a [f32], params: &'a [SamplingParams]) -> Vec<SampleRequest<'a, f32>> {
+    data.chunks_exact(VOCAB)
+        .zip(params)
+        .map(|(row, p)| SampleRequest {
+            logits: row,
+            mask: None,
+            history: &[],
+            position: 100,
+            params: p,
+        })
+        .collect()
+}
+
 /// One streaming pass that sums each row (8 lanes so it vectorises).
 fn row_sum(row: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
@@ -52,17 +66,7 @@ fn bench_sample(c: &mut Criterion) {
             ..SamplingParams::default()
         })
         .collect();
-    let reqs: Vec<SampleRequest<'_, f32>> = data
-        .chunks_exact(VOCAB)
-        .zip(&params)
-        .map(|(row, p)| SampleRequest {
-            logits: row,
-            mask: None,
-            history: &[],
-            position: 100,
-            params: p,
-        })
-        .collect();
+    let reqs = requests(&data, &params);
     let mut g = c.benchmark_group("sample_256x129280_topk50_topp0.9");
     g.sample_size(10).measurement_time(Duration::from_secs(3));
     g.bench_function("streaming_sum_floor", |b| {
@@ -115,17 +119,7 @@ fn bench_full_vocab(c: &mut Criterion) {
                 ..SamplingParams::default()
             })
             .collect();
-        let reqs: Vec<SampleRequest<'_, f32>> = data
-            .chunks_exact(VOCAB)
-            .zip(&params)
-            .map(|(row, p)| SampleRequest {
-                logits: row,
-                mask: None,
-                history: &[],
-                position: 100,
-                params: p,
-            })
-            .collect();
+        let reqs = requests(&data, &params);
         let run = |above: usize| {
             reqs.par_iter()
                 .map_init(
