@@ -31,3 +31,30 @@ fn fuzz_bodies_survive_random_inputs() {
         bodies::stream_parser(&stream, &tokenizer);
     }
 }
+
+#[test]
+fn grammar_body_survives_mutated_grammars() {
+    let seeds = [
+        "\u{0}{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\", \"minimum\": -5, \"maximum\": 70}, \"s\": {\"type\": \"string\", \"pattern\": \"^a(b|c)*$\"}}}",
+        "\u{0}{\"type\": \"integer\", \"exclusiveMinimum\": 9}",
+        "\u{1}[a-z]+@[0-9]{2,}",
+        "\u{2}root ::= \"(\" root \")\" | [0-9]+",
+    ];
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for round in 0..60 {
+        let mut data = seeds[round % seeds.len()].as_bytes().to_vec();
+        if round >= seeds.len() {
+            let at = 1 + (next() as usize) % (data.len() - 1);
+            let alphabet = b"{}[]()\"\\^$*+?|-09az:,";
+            data[at] = alphabet[(next() as usize) % alphabet.len()];
+            data.truncate(data.len() - (next() as usize) % 4);
+        }
+        bodies::grammar(&data);
+    }
+}
