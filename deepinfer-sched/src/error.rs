@@ -48,8 +48,8 @@ pub enum SchedError {
     /// `update` was called with no step in flight.
     #[error("no step in flight")]
     NoStepInFlight,
-    /// `schedule` was called with two steps already in flight.
-    #[error("two steps already in flight; call update first")]
+    /// `schedule` was called with three steps already in flight.
+    #[error("three steps already in flight; call update first")]
     TooManyInFlight,
     /// The output given to `update` does not match the oldest step in flight.
     #[error("step output mismatch: {0}")]

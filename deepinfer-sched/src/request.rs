@@ -260,9 +260,46 @@ pub struct UpdateResult {
     pub fixes: Vec<PlanFix>,
     /// Requests preempted while reconciling the pending plan.
     pub preempted: Vec<RequestId>,
+    /// Fixes to the plan after the pending one, when two plans are pending
+    /// (two-step overlap): cancellations, and a `Position` for each of its
+    /// provisional rows confirmed already (its request had no row in the
+    /// pending plan); apply them with [`UpdateResult::apply_later_to`].
+    pub later_fixes: Vec<PlanFix>,
 }
 
 impl UpdateResult {
+    /// Apply [`UpdateResult::later_fixes`] to the plan after the pending one
+    /// (two-step overlap): drop its cancelled row groups and confirm the rows
+    /// given a position; its other provisional rows stay provisional until the
+    /// next `update` confirms them.
+    pub fn apply_later_to(&self, plan: &mut StepPlan) {
+        if self.later_fixes.is_empty() {
+            return;
+        }
+        let mut pos = std::collections::HashMap::new();
+        let mut cancel = std::collections::HashSet::new();
+        for f in &self.later_fixes {
+            match *f {
+                PlanFix::Cancel(r) => {
+                    cancel.insert(r);
+                }
+                PlanFix::Position { request, position } => {
+                    pos.insert(request, position);
+                }
+            }
+        }
+        plan.prefill.retain(|c| !cancel.contains(&c.request));
+        plan.decode.retain(|d| !cancel.contains(&d.request));
+        for d in &mut plan.decode {
+            if let Some(&p) = pos.get(&d.request) {
+                d.position = p;
+                d.provisional = false;
+            }
+        }
+        plan.num_tokens = plan.prefill.iter().map(|c| c.len).sum::<usize>()
+            + plan.decode.iter().map(|d| 1 + d.drafts).sum::<usize>();
+    }
+
     /// Apply the fixes to the pending plan: drop cancelled row groups, set the
     /// confirmed positions and clear their provisional flags.
     pub fn apply_to(&self, plan: &mut StepPlan) {

@@ -173,8 +173,9 @@ struct Req {
     /// Placeholder drafts after the committed tokens.
     kv_drafts: usize,
     phase: Phase,
-    /// A row in flight will append tokens to the history.
-    sampling_inflight: bool,
+    /// Rows in flight that will append a token to the history (once a row
+    /// samples, every later row of the request samples too).
+    sampling_rows: u8,
     has_stops: bool,
     /// `confidences` is not empty.
     has_confs: bool,
@@ -244,6 +245,9 @@ struct DecodeFlight {
     slot: u32,
     incarnation: u32,
     drafts: u32,
+    /// Blocks reserved for a provisional row (released when it is
+    /// materialised or cancelled).
+    reserved: u16,
     provisional: bool,
     /// Cancelled by a later update: the engine drops it, the output skips it.
     cancelled: bool,
@@ -258,6 +262,8 @@ struct Flight {
     rows: Vec<DecodeFlight>,
     features: StepFeatures,
     num_tokens: usize,
+    /// Blocks reserved by its provisional rows still to be materialised.
+    reserved: usize,
 }
 
 /// Read positions in a [`StepOutput`]'s flat buffers.
@@ -320,6 +326,9 @@ pub struct Scheduler {
     running: Vec<u32>,
     /// One bit per running slot: finished during the current `update`.
     finished_mask: Vec<u64>,
+    /// Blocks reserved by provisional rows of pending plans, not yet
+    /// materialised (admissions and appends leave them free).
+    pending_reserve: usize,
     /// Steps since the running slab was last checked for order (see `compact_running`).
     steps_since_compact: u32,
     /// Scratch of `compact_running`: slot permutation and the spare slab.
@@ -348,9 +357,6 @@ fn div_ceil(a: usize, b: usize) -> usize {
 /// request is done.
 #[inline(always)]
 fn take_sampled(r: &mut Req, toks: &[u32], confs: &[f64], stop: bool) -> Option<FinishReason> {
-    if r.inflight == 0 {
-        r.sampling_inflight = false;
-    }
     if toks.is_empty() {
         return None;
     }
@@ -417,6 +423,7 @@ impl Scheduler {
             num_waiting: 0,
             running: Vec::new(),
             finished_mask: Vec::new(),
+            pending_reserve: 0,
             steps_since_compact: 0,
             perm_scratch: Vec::new(),
             slab_scratch: Vec::new(),
@@ -558,7 +565,7 @@ impl Scheduler {
             kv_room: 0,
             next_full: 0,
             inflight: 0,
-            sampling_inflight: false,
+            sampling_rows: 0,
             confidences: Vec::new(),
             preempted_before: false,
         };
@@ -715,7 +722,7 @@ impl Scheduler {
     /// [`Scheduler::schedule`] into a plan whose vectors are reused (cleared
     /// first), so a steady decode loop allocates nothing per step.
     pub fn schedule_into(&mut self, plan: &mut StepPlan) -> Result<(), SchedError> {
-        if self.flights.len() >= 2 {
+        if self.flights.len() >= 3 {
             return Err(SchedError::TooManyInFlight);
         }
         let step = self.next_step;
@@ -739,7 +746,8 @@ impl Scheduler {
         let mut tokens_left = self.cfg.max_num_batched_tokens;
         let mut seqs_left = self.cfg.max_num_seqs;
         // Blocks promised to provisional rows materialised at the next update.
-        let mut reserved_blocks = 0usize;
+        // (Those of the plans still pending count too: see `pending_reserve`.)
+        let mut reserved_blocks = self.pending_reserve;
         let time_budget = self.cfg.step_time_budget.filter(|_| self.cost.is_some());
         let coef = self.cost.as_ref().map(|c| c.coefficients());
         let mut time_left = match (time_budget, coef) {
@@ -800,7 +808,7 @@ impl Scheduler {
                 r.kv_drafts = 0;
                 r.scheduled = position + 1;
                 r.inflight += 1;
-                r.sampling_inflight = true;
+                r.sampling_rows += 1;
                 dec_quad += (1 + position) as u64;
                 dec_lin += (1 + position) as u64;
                 tokens_left -= 1;
@@ -812,6 +820,7 @@ impl Scheduler {
                     slot,
                     incarnation: r.incarnation,
                     drafts: 0,
+                    reserved: 0,
                     provisional: false,
                     cancelled: false,
                 });
@@ -842,7 +851,7 @@ impl Scheduler {
                 let r = self.req_mut(slot);
                 r.scheduled += q;
                 r.inflight += 1;
-                r.sampling_inflight = samples;
+                r.sampling_rows += u8::from(samples);
                 features.add(q, start);
                 if let Some(c) = coef {
                     time_left -= c.chunk(q, start);
@@ -869,18 +878,27 @@ impl Scheduler {
                 continue;
             }
             let provisional = r.scheduled == known;
-            if provisional && !r.sampling_inflight {
+            if provisional && r.sampling_rows == 0 {
                 // Nothing to do until its rows in flight land (a non-sampling chunk).
                 i += 1;
                 continue;
             }
-            if provisional && r.inflight > 1 {
+            // A provisional row on a provisional row (two steps unconfirmed) only
+            // without speculation, so every row in flight adds exactly one token
+            // and the position is known whatever the engine answers.
+            let depth2_ok = self.cfg.spec == SpecMode::Off && r.kv_drafts == 0;
+            if provisional && (r.inflight > 2 || (r.inflight == 2 && !depth2_ok)) {
                 i += 1;
                 continue;
             }
-            // Decode row: input at `known - 1`, or a placeholder at `known` when the
-            // input is being sampled by the step in flight.
-            let position = if provisional { known } else { known - 1 };
+            // Decode row: input at `known - 1`, or a placeholder after the tokens
+            // still being sampled by the steps in flight.
+            let pending_tokens = usize::from(r.sampling_rows);
+            let position = if provisional {
+                known + pending_tokens - 1
+            } else {
+                known - 1
+            };
             let k_plan = self.draft_plan.get(i).copied().unwrap_or(0);
             let k = if k_plan == 0 {
                 0
@@ -891,12 +909,21 @@ impl Scheduler {
             let arrival = r.arrival;
             let incarnation = r.incarnation;
             // KV slots: append now when the input is known, else reserve.
+            let mut reserved_here = 0;
             let ok = if provisional {
-                // After the update the sequence holds at most its current tokens
-                // (drafts in flight included) plus these rows.
-                let need = blocks_to_grow(r.kv_room, 1 + k, self.kv.block_size());
+                // After the updates the sequence holds at most its current tokens
+                // (drafts in flight included), the inputs of provisional rows not
+                // yet materialised (one each, see `depth2_ok`), plus these rows.
+                let bs = self.kv.block_size();
+                let room = match pending_tokens - 1 {
+                    0 => r.kv_room,
+                    _ if r.kv_room >= 1 => r.kv_room - 1,
+                    _ => bs - 1,
+                };
+                let need = blocks_to_grow(room, 1 + k, bs);
                 if need + reserved_blocks <= self.kv.pool().num_free() {
                     reserved_blocks += need;
+                    reserved_here = need;
                     true
                 } else {
                     false
@@ -920,7 +947,7 @@ impl Scheduler {
                 r.scheduled = known;
             }
             r.inflight += 1;
-            r.sampling_inflight = true;
+            r.sampling_rows += 1;
             // Integer sums: folded into the features (and the time left) once.
             dec_quad += ((1 + k) * (1 + k + position)) as u64;
             dec_lin += (1 + k + position) as u64;
@@ -933,6 +960,7 @@ impl Scheduler {
                 slot,
                 incarnation,
                 drafts: k as u32,
+                reserved: u16::try_from(reserved_here).unwrap_or(u16::MAX),
                 provisional,
                 cancelled: false,
             });
@@ -1048,7 +1076,7 @@ impl Scheduler {
             r.next_full = next_block_end(known, bs);
             r.scheduled = reused + q;
             r.inflight += 1;
-            r.sampling_inflight = samples;
+            r.sampling_rows += u8::from(samples);
             let incarnation = r.incarnation;
             let slot = self.place(r, false).slot;
             self.insert_running(slot);
@@ -1084,12 +1112,15 @@ impl Scheduler {
         features.lin += dec_lin as f64;
         plan.num_tokens = self.cfg.max_num_batched_tokens - tokens_left;
         plan.predicted_ms = coef.map(|c| c.step(&features));
+        let reserved = reserved_blocks - self.pending_reserve;
+        self.pending_reserve = reserved_blocks;
         self.flights.push_back(Flight {
             step,
             prefill: prefill_rows,
             rows: decode_rows,
             features,
             num_tokens: plan.num_tokens,
+            reserved,
         });
         Ok(())
     }
@@ -1308,9 +1339,7 @@ impl Scheduler {
                     && let Some(h) = r.kv
                 {
                     r.inflight -= 1;
-                    if r.inflight == 0 {
-                        r.sampling_inflight = false;
-                    }
+                    r.sampling_rows -= 1;
                     if r.kv_len >= r.next_full {
                         self.kv.mark_computed_by_handle(h, r.kv_len)?;
                         r.next_full = next_block_end(r.kv_len, self.kv.block_size());
@@ -1401,6 +1430,7 @@ impl Scheduler {
             return Ok(false);
         };
         r.inflight -= 1;
+        r.sampling_rows -= u8::from(fr.samples);
         // Still the KV sequence the row was planned on (running, not preempted since).
         if let Some(h) =
             r.kv.filter(|_| !loc.parked && r.incarnation == fr.incarnation)
@@ -1436,6 +1466,7 @@ impl Scheduler {
             return Ok(false);
         };
         r.inflight -= 1;
+        r.sampling_rows -= 1;
         if let Some(h) =
             r.kv.filter(|_| !loc.parked && r.incarnation == fr.incarnation)
         {
@@ -1497,7 +1528,14 @@ impl Scheduler {
     /// running on the KV sequence the row was planned on; otherwise the row is
     /// cancelled (its request finished, was aborted or preempted) and its
     /// request, if still live, no longer counts it in flight.
-    fn pending_live(&mut self, slot: u32, id: RequestId, arrival: u64, inc: u32) -> Option<u32> {
+    fn pending_live(
+        &mut self,
+        slot: u32,
+        id: RequestId,
+        arrival: u64,
+        inc: u32,
+        samples: bool,
+    ) -> Option<u32> {
         let loc = self.find_row(slot, id, arrival);
         if let Some(l) = loc
             && !l.parked
@@ -1507,23 +1545,26 @@ impl Scheduler {
         }
         if let Some(r) = loc.and_then(|l| self.get_mut(l)) {
             r.inflight = r.inflight.saturating_sub(1);
-            if r.inflight == 0 {
-                r.sampling_inflight = false;
-            }
+            r.sampling_rows = r.sampling_rows.saturating_sub(u8::from(samples));
         }
         None
     }
 
     /// Materialise the provisional rows of the plan still pending, now that the
-    /// tokens of the step before it are known.
+    /// tokens of the step before it are known; with a second plan pending
+    /// (two-step overlap), cancel its rows whose requests are gone (its own
+    /// provisional rows wait for the next update).
     fn reconcile_pending(&mut self, res: &mut UpdateResult) {
         let Some(mut pending) = self.flights.pop_front() else {
             return;
         };
+        // Its reservations are used now; the later plan's stay.
+        self.pending_reserve -= pending.reserved;
+        pending.reserved = 0;
         let mut removed_tokens = 0;
         for fr in pending.prefill.iter_mut().filter(|f| !f.cancelled) {
             if self
-                .pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation)
+                .pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation, fr.samples)
                 .is_none()
             {
                 fr.cancelled = true;
@@ -1533,7 +1574,8 @@ impl Scheduler {
         }
         for fr in pending.rows.iter_mut().filter(|f| !f.cancelled) {
             let drafts = fr.drafts as usize;
-            let Some(slot) = self.pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation) else {
+            let Some(slot) = self.pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation, true)
+            else {
                 fr.cancelled = true;
                 removed_tokens += 1 + drafts;
                 res.fixes.push(PlanFix::Cancel(fr.id));
@@ -1543,8 +1585,10 @@ impl Scheduler {
                 continue;
             }
             let known = self.req(slot).tokens.len();
+            // The input is the last token so far; a provisional row of the later
+            // plan for the same request still counts one token to come.
             let actual = known - 1;
-            if self.append_rows(slot, drafts, 0) {
+            if self.append_rows(slot, drafts, self.pending_reserve) {
                 self.req_mut(slot).scheduled = known;
                 fr.provisional = false;
                 if actual != fr.position {
@@ -1561,7 +1605,7 @@ impl Scheduler {
                 res.fixes.push(PlanFix::Cancel(fr.id));
                 let r = self.req_mut(slot);
                 r.inflight = r.inflight.saturating_sub(1);
-                r.sampling_inflight = false;
+                r.sampling_rows = r.sampling_rows.saturating_sub(1);
                 if let Some(i) = self.running.iter().position(|&s| s == slot) {
                     self.running.remove(i);
                 }
@@ -1569,6 +1613,70 @@ impl Scheduler {
             }
         }
         pending.num_tokens -= removed_tokens;
+        // The plan after it: cancellations, and the provisional rows whose input
+        // is now known (a provisional row on a provisional row waits: without
+        // speculation, see `depth2_ok` in `schedule_into`, its position cannot
+        // move).
+        if let Some(mut later) = self.flights.pop_front() {
+            let mut removed = 0;
+            for fr in later.prefill.iter_mut().filter(|f| !f.cancelled) {
+                if self
+                    .pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation, fr.samples)
+                    .is_none()
+                {
+                    fr.cancelled = true;
+                    removed += fr.len;
+                    res.later_fixes.push(PlanFix::Cancel(fr.id));
+                }
+            }
+            for fr in later.rows.iter_mut().filter(|f| !f.cancelled) {
+                let drafts = fr.drafts as usize;
+                let Some(slot) =
+                    self.pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation, true)
+                else {
+                    fr.cancelled = true;
+                    removed += 1 + drafts;
+                    let r = usize::from(fr.reserved);
+                    later.reserved -= r;
+                    self.pending_reserve -= r;
+                    res.later_fixes.push(PlanFix::Cancel(fr.id));
+                    continue;
+                };
+                // A provisional row whose request has no other sampling row in
+                // flight (nothing for it in the plan between): its input is
+                // known now, so it is materialised now, or the next plan would
+                // schedule that input a second time.
+                if !fr.provisional || self.req(slot).sampling_rows != 1 {
+                    continue;
+                }
+                let r = usize::from(fr.reserved);
+                later.reserved -= r;
+                self.pending_reserve -= r;
+                let known = self.req(slot).tokens.len();
+                if self.append_rows(slot, drafts, self.pending_reserve) {
+                    self.req_mut(slot).scheduled = known;
+                    fr.provisional = false;
+                    fr.position = known - 1;
+                    res.later_fixes.push(PlanFix::Position {
+                        request: fr.id,
+                        position: known - 1,
+                    });
+                } else {
+                    fr.cancelled = true;
+                    removed += 1 + drafts;
+                    res.later_fixes.push(PlanFix::Cancel(fr.id));
+                    let r = self.req_mut(slot);
+                    r.inflight = r.inflight.saturating_sub(1);
+                    r.sampling_rows = r.sampling_rows.saturating_sub(1);
+                    if let Some(i) = self.running.iter().position(|&s| s == slot) {
+                        self.running.remove(i);
+                    }
+                    self.preempt(slot, &mut res.preempted);
+                }
+            }
+            later.num_tokens -= removed;
+            self.flights.push_front(later);
+        }
         self.flights.push_front(pending);
     }
 }

@@ -439,3 +439,44 @@ fn renumbered_running_slab_keeps_rows_in_flight() {
     }
     assert_eq!(s.kv().usage().used, 0);
 }
+
+/// Two-step overlap: the plan for step N+2 is made while N and N+1 are both
+/// unconfirmed; its rows sit on the provisional rows of N+1 (one position
+/// further), a fourth plan is refused, and the pipeline ends with the true
+/// tokens.
+#[test]
+fn two_step_overlap_plans_rows_on_provisional_rows() {
+    let mut s = scheduler(SchedulerConfig::default(), 64, 4);
+    s.add_request(NewRequest::new(1, prompt(1, 6), 5)).unwrap();
+    let p0 = s.schedule().unwrap();
+    let mut p1 = s.schedule().unwrap();
+    let mut p2 = s.schedule().unwrap();
+    assert_eq!(p0.prefill[0].len, 6);
+    assert_eq!((p1.decode[0].position, p1.decode[0].provisional), (6, true));
+    assert_eq!((p2.decode[0].position, p2.decode[0].provisional), (7, true));
+    assert_eq!(s.schedule(), Err(SchedError::TooManyInFlight));
+    let res = s.update(&run(&p0, &s)).unwrap();
+    res.apply_to(&mut p1);
+    res.apply_later_to(&mut p2);
+    assert!(!p1.decode[0].provisional);
+    assert!(p2.decode[0].provisional);
+    let mut queue = std::collections::VecDeque::from([p1, p2]);
+    let mut done = Vec::new();
+    while let Some(plan) = queue.pop_front() {
+        let out = run(&plan, &s);
+        while queue.len() < 2 && !s.is_idle() {
+            queue.push_back(s.schedule().unwrap());
+        }
+        let res = s.update(&out).unwrap();
+        done.extend(res.finished.iter().cloned());
+        if let Some(p) = queue.get_mut(0) {
+            res.apply_to(p);
+        }
+        if let Some(p) = queue.get_mut(1) {
+            res.apply_later_to(p);
+        }
+    }
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].output, expected_output(1, 6, 5));
+    assert_eq!(s.kv().usage().used, 0);
+}
