@@ -703,10 +703,12 @@ impl Scheduler {
         out.push(id);
     }
 
-    fn drafts_for(&self, r: &Req, k_plan: usize) -> usize {
+    /// Drafts for a decode row, `ahead` tokens after the known history (the
+    /// tokens still being sampled before a provisional row's input).
+    fn drafts_for(&self, r: &Req, k_plan: usize, ahead: usize) -> usize {
         // Drafts past the token limit or the context are wasted rows.
-        let left_new = r.max_new_tokens.saturating_sub(r.output_len() + 1);
-        let left_ctx = self.max_len.saturating_sub(r.tokens.len() + 1);
+        let left_new = r.max_new_tokens.saturating_sub(r.output_len() + ahead + 1);
+        let left_ctx = self.max_len.saturating_sub(r.tokens.len() + ahead + 1);
         k_plan.min(left_new).min(left_ctx)
     }
 
@@ -903,7 +905,8 @@ impl Scheduler {
             let k = if k_plan == 0 {
                 0
             } else {
-                self.drafts_for(r, k_plan).min(tokens_left - 1)
+                let ahead = if provisional { pending_tokens } else { 0 };
+                self.drafts_for(r, k_plan, ahead).min(tokens_left - 1)
             };
             let id = r.id;
             let arrival = r.arrival;

@@ -480,3 +480,35 @@ fn two_step_overlap_plans_rows_on_provisional_rows() {
     assert_eq!(done[0].output, expected_output(1, 6, 5));
     assert_eq!(s.kv().usage().used, 0);
 }
+
+/// A provisional row counts the token still being sampled: near
+/// `max_new_tokens` it plans as many drafts as the synchronous loop would.
+#[test]
+fn provisional_row_drafts_count_the_token_in_flight() {
+    let cfg = SchedulerConfig {
+        spec: SpecMode::Fixed(3),
+        ..Default::default()
+    };
+    let mut s = scheduler(cfg, 64, 4);
+    // Prompt 4, 3 new tokens: the first comes from the prefill, the second from
+    // the first decode row, which can use at most 1 draft (one token left).
+    s.add_request(NewRequest::new(1, prompt(1, 4), 3)).unwrap();
+    let p0 = s.schedule().unwrap();
+    let p1 = s.schedule().unwrap();
+    assert!(p1.decode[0].provisional);
+    assert_eq!(p1.decode[0].drafts, 1);
+    // The synchronous loop plans the same.
+    let mut t = scheduler(
+        SchedulerConfig {
+            spec: SpecMode::Fixed(3),
+            ..Default::default()
+        },
+        64,
+        4,
+    );
+    t.add_request(NewRequest::new(1, prompt(1, 4), 3)).unwrap();
+    let q0 = t.schedule().unwrap();
+    t.update(&run(&q0, &t)).unwrap();
+    assert_eq!(t.schedule().unwrap().decode[0].drafts, 1);
+    drop(p0);
+}
