@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use deepinfer_sample::reference::sample_sorted;
+use deepinfer_sample::sampler::FUSED_ABOVE;
 use deepinfer_sample::{
-    SampleRequest, Sampler, SamplingParams, VerifyMode, VerifyRequest, sample_batch, verify_batch,
+    SampleRequest, Sampler, SamplingParams, Verifier, VerifyMode, VerifyRequest, sample_batch,
+    verify_batch,
 };
 use rayon::prelude::*;
 
@@ -143,13 +145,9 @@ fn bench_full_vocab(c: &mut Criterion) {
     }
 }
 
-fn bench_verify(c: &mut Criterion) {
-    // 8 distinct target blocks shared by the 256 rows keep memory modest
-    // (each row still reads its whole (n+1) x V block).
-    const BLOCKS: usize = 8;
-    let targets: Vec<Vec<f32>> = (0..BLOCKS)
-        .map(|b| logits((DRAFTS + 1) * VOCAB, 10 + b as u64))
-        .collect();
+/// Draft distributions for each target block: softmax of the target logits
+/// divided by `temp`, perturbed; and each position's most probable token.
+fn draft_set(targets: &[Vec<f32>], temp: f32) -> (Vec<Vec<f32>>, Vec<Vec<u32>>) {
     // Draft distribution: softmax of perturbed target logits.
     let drafts: Vec<Vec<f32>> = targets
         .iter()
@@ -161,7 +159,7 @@ fn bench_verify(c: &mut Criterion) {
                 let z: Vec<f32> = row
                     .iter()
                     .zip(nrow)
-                    .map(|(a, n)| a / 0.7 + 0.1 * n)
+                    .map(|(a, n)| a / temp + 0.1 * n)
                     .collect();
                 let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = z.iter().map(|v| (v - m).exp()).collect();
@@ -190,6 +188,17 @@ fn bench_verify(c: &mut Criterion) {
                 .collect()
         })
         .collect();
+    (drafts, draft_tokens)
+}
+
+fn bench_verify(c: &mut Criterion) {
+    // 8 distinct target blocks shared by the 256 rows keep memory modest
+    // (each row still reads its whole (n+1) x V block).
+    const BLOCKS: usize = 8;
+    let targets: Vec<Vec<f32>> = (0..BLOCKS)
+        .map(|b| logits((DRAFTS + 1) * VOCAB, 10 + b as u64))
+        .collect();
+    let (drafts, draft_tokens) = draft_set(&targets, 0.7);
     let params: Vec<SamplingParams> = (0..ROWS)
         .map(|i| SamplingParams {
             temperature: 0.7,
@@ -222,5 +231,66 @@ fn bench_verify(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_sample, bench_full_vocab, bench_verify);
+/// Verification at temperature 1 without top-k (every token keeps a weight):
+/// the fused path (default) against the listing path
+/// (`Verifier::with_fused_above(MAX)`), 16 rows x 5 drafts.
+fn bench_verify_full(c: &mut Criterion) {
+    const FULL_ROWS: usize = 16;
+    const BLOCKS: usize = 4;
+    let targets: Vec<Vec<f32>> = (0..BLOCKS)
+        .map(|b| logits((DRAFTS + 1) * VOCAB, 30 + b as u64))
+        .collect();
+    let (drafts, draft_tokens) = draft_set(&targets, 1.0);
+    for (name, top_p) in [("t1", 1.0f32), ("t1_topp0.9", 0.9)] {
+        let params: Vec<SamplingParams> = (0..FULL_ROWS)
+            .map(|i| SamplingParams {
+                temperature: 1.0,
+                top_p,
+                seed: i as u64,
+                ..SamplingParams::default()
+            })
+            .collect();
+        let reqs: Vec<VerifyRequest<'_, f32>> = (0..FULL_ROWS)
+            .map(|i| VerifyRequest {
+                target_logits: &targets[i % BLOCKS],
+                vocab: VOCAB,
+                draft_tokens: &draft_tokens[i % BLOCKS],
+                draft_probs: Some(&drafts[i % BLOCKS]),
+                masks: None,
+                history: &[],
+                position: 1000,
+                params: &params[i],
+                mode: VerifyMode::Stochastic,
+            })
+            .collect();
+        let run = |above: usize| {
+            reqs.par_iter()
+                .map_init(
+                    || Verifier::with_fused_above(above),
+                    |v, r| v.verify(r).unwrap(),
+                )
+                .collect::<Vec<_>>()
+        };
+        let (fused, listed) = (run(FUSED_ABOVE), run(usize::MAX));
+        assert_eq!(fused, listed, "the paths must agree");
+        let accepted: usize = fused.iter().map(|o| o.accepted).sum();
+        eprintln!(
+            "verify {name}: {accepted} of {} drafts accepted",
+            FULL_ROWS * DRAFTS
+        );
+        let mut g = c.benchmark_group(format!("verify_full_16rows_x5drafts_v129280_{name}"));
+        g.sample_size(10).measurement_time(Duration::from_secs(2));
+        g.bench_function("fused", |b| b.iter(|| black_box(verify_batch(&reqs))));
+        g.bench_function("listing_old", |b| b.iter(|| black_box(run(usize::MAX))));
+        g.finish();
+    }
+}
+
+criterion_group!(
+    benches,
+    bench_sample,
+    bench_full_vocab,
+    bench_verify,
+    bench_verify_full
+);
 criterion_main!(benches);

@@ -17,9 +17,10 @@
 
 use crate::filter::{Cand, top_p_need, weighted_prefix};
 use crate::fixed_point::{det_exp, weight_halves};
-use crate::logits::{LogitValue, Row, adjusted};
+use crate::logits::{LogitValue, Row, adjusted, allowed};
 use crate::params::SamplingParams;
 use crate::rng::PhiloxStream;
+use crate::verify::RESIDUAL_GUARD;
 
 /// Tokens per chunk (one mask word).
 const LANES: usize = 32;
@@ -41,6 +42,8 @@ pub(crate) struct FusedScratch {
     /// Top-p only: each token's weight and rank bucket from the first pass.
     weights: Vec<u64>,
     buckets: Vec<u16>,
+    /// Verification: residual weight per block.
+    rblocks: Vec<u64>,
 }
 
 /// 32 consecutive tokens: adjusted logits and which of them are allowed.
@@ -243,6 +246,21 @@ fn find_block(blocks: &[u64], target: u64) -> (usize, u64) {
     (blocks.len() - 1, acc)
 }
 
+/// The weighed distribution of a full-vocabulary row: block sums of the
+/// survivors in [`FusedScratch`] plus what is needed to weigh any token
+/// again. Valid until the scratch is reused.
+#[derive(Clone, Copy)]
+pub(crate) struct FullDist {
+    k: Consts,
+    /// The min-p floor as an integer weight (0 without min-p).
+    floor: u64,
+    /// With top-p: the edge bucket (weights and buckets are stored, and the
+    /// survivors of the edge bucket are listed in `FusedScratch::edge`).
+    edge: Option<u16>,
+    /// Total surviving weight (> 0: the top token weighs 2^32 and survives).
+    pub total: u64,
+}
+
 /// Draw one token of a row whose allowed adjusted logits have maximum `l_max`
 /// (all finite; checked by the caller's scan), with top-k off. Returns the
 /// chosen token (id, adjusted logit, weight) and the total surviving weight:
@@ -285,6 +303,46 @@ fn draw_full_body<L: LogitValue>(
     stream: &mut PhiloxStream,
     s: &mut FusedScratch,
 ) -> (Cand, u64) {
+    let d = weigh_full_body(row, l_max, params, s);
+    let target = stream.below(d.total);
+    (pick_full(row, &d, target, s), d.total)
+}
+
+/// Weigh a row for the fused path (see [`draw_full`] for the conditions):
+/// block sums of the survivors and the total.
+pub(crate) fn weigh_full<L: LogitValue>(
+    row: &Row<'_, L>,
+    l_max: f32,
+    params: &SamplingParams,
+    s: &mut FusedScratch,
+) -> FullDist {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { weigh_full_avx2(row, l_max, params, s) };
+    }
+    weigh_full_body(row, l_max, params, s)
+}
+
+/// [`weigh_full`] compiled for AVX2 (same bits, see [`draw_full_avx2`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn weigh_full_avx2<L: LogitValue>(
+    row: &Row<'_, L>,
+    l_max: f32,
+    params: &SamplingParams,
+    s: &mut FusedScratch,
+) -> FullDist {
+    weigh_full_body(row, l_max, params, s)
+}
+
+#[inline(always)]
+fn weigh_full_body<L: LogitValue>(
+    row: &Row<'_, L>,
+    l_max: f32,
+    params: &SamplingParams,
+    s: &mut FusedScratch,
+) -> FullDist {
     let floor = if params.min_p > 0.0 {
         params.min_p_weight()
     } else {
@@ -300,74 +358,264 @@ fn draw_full_body<L: LogitValue>(
         floor_a,
     };
     let vocab = row.logits.len();
-    let mut w = Weighed {
-        hi: [0; LANES],
-        lo: [0; LANES],
-        floor_ok: [false; LANES],
-        bucket: [0; LANES],
-    };
     s.blocks.clear();
     s.blocks.resize(vocab.div_ceil(BLOCK), 0);
     if params.top_p < 1.0 {
-        return draw_top_p(row, &k, floor, params, stream, s, &mut w);
+        let mut w = new_weighed();
+        let (edge, total) = weigh_top_p(row, &k, floor, params, s, &mut w);
+        return FullDist {
+            k,
+            floor,
+            edge: Some(edge),
+            total,
+        };
     }
     let mut it = Chunks::new(row, 0..vocab, l_max);
     while it.advance() {
         s.blocks[it.c.base / BLOCK] += k.chunk_sum(&it.c);
     }
-    let total: u64 = s.blocks.iter().sum();
-    // The top token has weight 2^32 and survives every filter, so total > 0.
-    let target = stream.below(total);
+    FullDist {
+        k,
+        floor,
+        edge: None,
+        total: s.blocks.iter().sum(),
+    }
+}
+
+fn new_weighed() -> Weighed {
+    Weighed {
+        hi: [0; LANES],
+        lo: [0; LANES],
+        floor_ok: [false; LANES],
+        bucket: [0; LANES],
+    }
+}
+
+/// Whether a token of stored weight `wt` and bucket `b` survives top-p and
+/// min-p.
+#[inline(always)]
+fn top_p_keeps(d: &FullDist, edge: u16, s: &FusedScratch, id: usize, wt: u64, b: u16) -> bool {
+    wt >= d.floor
+        && (b < edge || (b == edge && s.edge.binary_search_by_key(&(id as u32), |c| c.id).is_ok()))
+}
+
+/// The token where the running sum of the survivors' weights (by id) passes
+/// `target < d.total`: what the listing path's CDF draw picks.
+pub(crate) fn pick_full<L: LogitValue>(
+    row: &Row<'_, L>,
+    d: &FullDist,
+    target: u64,
+    s: &FusedScratch,
+) -> Cand {
     let (block, mut acc) = find_block(&s.blocks, target);
     let start = block * BLOCK;
-    let mut it = Chunks::new(row, start..start + BLOCK, l_max);
-    while it.advance() {
-        let c = &it.c;
-        k.weigh(c, &mut w);
-        for j in 0..LANES {
-            if !w.floor_ok[j] {
+    let vocab = row.logits.len();
+    if let Some(edge) = d.edge {
+        let end = (start + BLOCK).min(vocab);
+        for id in start..end {
+            let (wt, b) = (s.weights[id], s.buckets[id]);
+            if !top_p_keeps(d, edge, s, id, wt, b) {
                 continue;
             }
-            let wt = join(w.hi[j], w.lo[j]);
             acc += wt;
             if acc > target {
-                let id = (c.base + j) as u32;
-                return (
-                    Cand {
-                        id,
+                let id = id as u32;
+                return Cand {
+                    id,
+                    l: adjusted_value(row, id),
+                    w: wt,
+                };
+            }
+        }
+    } else {
+        let mut w = new_weighed();
+        let mut it = Chunks::new(row, start..start + BLOCK, d.k.l_max);
+        while it.advance() {
+            let c = &it.c;
+            d.k.weigh(c, &mut w);
+            for j in 0..LANES {
+                if !w.floor_ok[j] {
+                    continue;
+                }
+                let wt = join(w.hi[j], w.lo[j]);
+                acc += wt;
+                if acc > target {
+                    return Cand {
+                        id: (c.base + j) as u32,
                         l: c.vals[j],
                         w: wt,
-                    },
-                    total,
-                );
+                    };
+                }
             }
         }
     }
     // Unreachable: the block's surviving weights sum past the target.
-    (
-        Cand {
-            id: 0,
-            l: l_max,
-            w: 0,
-        },
-        total,
-    )
+    Cand {
+        id: 0,
+        l: d.k.l_max,
+        w: 0,
+    }
 }
 
-/// [`draw_full`] with top-p: a first pass stores every weight and rank
+/// The surviving weight of token `id` (0 if filtered out or not allowed).
+pub(crate) fn weight_full<L: LogitValue>(
+    row: &Row<'_, L>,
+    d: &FullDist,
+    id: u32,
+    s: &FusedScratch,
+) -> u64 {
+    let i = id as usize;
+    if let Some(edge) = d.edge {
+        let (wt, b) = (s.weights[i], s.buckets[i]);
+        return if top_p_keeps(d, edge, s, i, wt, b) {
+            wt
+        } else {
+            0
+        };
+    }
+    if !allowed(row.mask, id) {
+        return 0;
+    }
+    let (hi, lo, a, _) = lane(adjusted_value(row, id), &d.k);
+    if a >= d.k.floor_a { join(hi, lo) } else { 0 }
+}
+
+/// Residual weights `residual_weight(w, q, total)` of every survivor, summed
+/// per block into the scratch; returns their total. `q` (one value per
+/// token) must be valid (finite, in `[0, 1]`) everywhere.
+pub(crate) fn residual_full<L: LogitValue>(
+    row: &Row<'_, L>,
+    d: &FullDist,
+    q: &[f32],
+    s: &mut FusedScratch,
+) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { residual_full_avx2(row, d, q, s) };
+    }
+    residual_full_body(row, d, q, s)
+}
+
+/// [`residual_full`] compiled for AVX2 (same bits, see [`draw_full_avx2`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn residual_full_avx2<L: LogitValue>(
+    row: &Row<'_, L>,
+    d: &FullDist,
+    q: &[f32],
+    s: &mut FusedScratch,
+) -> u64 {
+    residual_full_body(row, d, q, s)
+}
+
+/// `residual_weight` of the verifier, inlined here so it vectorises.
+#[inline(always)]
+fn residual_of(w: u64, q: f32, scale: f64) -> u64 {
+    let cut = (f64::from(q) * RESIDUAL_GUARD) * scale;
+    w - w.min(cut as u64)
+}
+
+#[inline(always)]
+fn residual_full_body<L: LogitValue>(
+    row: &Row<'_, L>,
+    d: &FullDist,
+    q: &[f32],
+    s: &mut FusedScratch,
+) -> u64 {
+    let vocab = row.logits.len();
+    let scale = d.total as f64;
+    s.rblocks.clear();
+    s.rblocks.resize(vocab.div_ceil(BLOCK), 0);
+    if let Some(edge) = d.edge {
+        for bi in 0..s.rblocks.len() {
+            let start = bi * BLOCK;
+            let end = (start + BLOCK).min(vocab);
+            let mut sum = 0u64;
+            let ws = &s.weights[start..end];
+            let bs = &s.buckets[start..end];
+            for (j, ((&wt, &b), &qv)) in ws.iter().zip(bs).zip(&q[start..end]).enumerate() {
+                // Tokens of the edge bucket are rare: look them up.
+                let keep = wt >= d.floor
+                    && b <= edge
+                    && (b < edge || top_p_keeps(d, edge, s, start + j, wt, b));
+                let wt = if keep { wt } else { 0 };
+                sum += residual_of(wt, qv, scale);
+            }
+            s.rblocks[bi] = sum;
+        }
+    } else {
+        let mut w = new_weighed();
+        let mut it = Chunks::new(row, 0..vocab, d.k.l_max);
+        while it.advance() {
+            let c = &it.c;
+            d.k.weigh(c, &mut w);
+            let n = (vocab - c.base).min(LANES);
+            let qs = &q[c.base..c.base + n];
+            let mut sum = 0u64;
+            for (j, &qv) in qs.iter().enumerate() {
+                let wt = if w.floor_ok[j] {
+                    join(w.hi[j], w.lo[j])
+                } else {
+                    0
+                };
+                sum += residual_of(wt, qv, scale);
+            }
+            s.rblocks[c.base / BLOCK] += sum;
+        }
+    }
+    s.rblocks.iter().sum()
+}
+
+/// The token where the running sum of residual weights (by id) passes
+/// `target` (below the total of [`residual_full`], called just before).
+pub(crate) fn pick_residual<L: LogitValue>(
+    row: &Row<'_, L>,
+    d: &FullDist,
+    q: &[f32],
+    target: u64,
+    s: &FusedScratch,
+) -> Cand {
+    let (block, mut acc) = find_block(&s.rblocks, target);
+    let start = block * BLOCK;
+    let end = (start + BLOCK).min(row.logits.len());
+    let scale = d.total as f64;
+    for (j, &qv) in q[start..end].iter().enumerate() {
+        let id = start + j;
+        let wt = weight_full(row, d, id as u32, s);
+        let r = residual_of(wt, qv, scale);
+        acc += r;
+        if r > 0 && acc > target {
+            let id = id as u32;
+            return Cand {
+                id,
+                l: adjusted_value(row, id),
+                w: wt,
+            };
+        }
+    }
+    // Unreachable: the block's residual weights sum past the target.
+    Cand {
+        id: 0,
+        l: d.k.l_max,
+        w: 0,
+    }
+}
+
+/// [`weigh_full`] with top-p: a first pass stores every weight and rank
 /// bucket and sums weight per bucket; the bucket where the best-first prefix
 /// reaches its target is resolved exactly; a second pass over the stored
-/// weights sums the survivors per block.
+/// weights sums the survivors per block. Returns the edge bucket and the
+/// total.
 #[inline(always)]
-fn draw_top_p<L: LogitValue>(
+fn weigh_top_p<L: LogitValue>(
     row: &Row<'_, L>,
     k: &Consts,
     floor: u64,
     params: &SamplingParams,
-    stream: &mut PhiloxStream,
     s: &mut FusedScratch,
     w: &mut Weighed,
-) -> (Cand, u64) {
+) -> (u16, u64) {
     const LAST: u16 = (BUCKETS - 1) as u16;
     let vocab = row.logits.len();
     // Top-p comes before min-p: the histogram takes every weight.
@@ -446,40 +694,5 @@ fn draw_top_p<L: LogitValue>(
     for c in &s.edge {
         s.blocks[c.id as usize / BLOCK] += c.w;
     }
-    let total: u64 = s.blocks.iter().sum();
-    // The top token has weight 2^32 and survives every filter, so total > 0.
-    let target = stream.below(total);
-    let (block, mut acc) = find_block(&s.blocks, target);
-    let start = block * BLOCK;
-    let end = (start + BLOCK).min(vocab);
-    for id in start..end {
-        let (wt, b) = (weights[id], buckets[id]);
-        let keep = wt >= floor
-            && (b < edge
-                || (b == edge && s.edge.binary_search_by_key(&(id as u32), |c| c.id).is_ok()));
-        if !keep {
-            continue;
-        }
-        acc += wt;
-        if acc > target {
-            let id = id as u32;
-            return (
-                Cand {
-                    id,
-                    l: adjusted_value(row, id),
-                    w: wt,
-                },
-                total,
-            );
-        }
-    }
-    // Unreachable: the block's surviving weights sum past the target.
-    (
-        Cand {
-            id: 0,
-            l: k.l_max,
-            w: 0,
-        },
-        total,
-    )
+    (edge, s.blocks.iter().sum())
 }

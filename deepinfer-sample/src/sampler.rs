@@ -97,7 +97,7 @@ pub(crate) fn distribution<L: LogitValue>(
 /// candidates into `s.cands`. With top-k off, a row with more than `limit`
 /// candidates stops listing them and gives `Some(l_max)` for [`draw_full`].
 #[allow(clippy::too_many_arguments)]
-fn gather_row<L: LogitValue>(
+pub(crate) fn gather_row<L: LogitValue>(
     logits: &[L],
     mask: Option<&[u32]>,
     history: &[u32],
@@ -139,7 +139,7 @@ fn gather_row<L: LogitValue>(
 
 /// The second half of [`distribution`]: filter the listed candidates and
 /// weigh them.
-fn filter_listed(params: &SamplingParams, alts: usize, s: &mut Scratch) -> DistInfo {
+pub(crate) fn filter_listed(params: &SamplingParams, alts: usize, s: &mut Scratch) -> DistInfo {
     let want_alts = alts > 0 && params.logprob_source == LogprobSource::Processed;
     let k = params.top_k as usize;
     s.alts.clear();

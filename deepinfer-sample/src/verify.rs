@@ -26,10 +26,13 @@
 
 use crate::error::SampleError;
 use crate::filter::Cand;
-use crate::logits::{LogitValue, mask_words};
+use crate::fused::{pick_full, pick_residual, residual_full, weigh_full, weight_full};
+use crate::logits::{LogitValue, Row, mask_words};
 use crate::params::SamplingParams;
 use crate::rng::{DrawKind, PhiloxStream};
-use crate::sampler::{DistInfo, Scratch, distribution, draw, fixed_logprob};
+use crate::sampler::{
+    DistInfo, FUSED_ABOVE, Scratch, distribution, draw, filter_listed, fixed_logprob, gather_row,
+};
 
 /// `exp(-5e-5)` as the `f64` with bits `0x3FEF_FF97_2520_1F4A`: the factor
 /// that scales draft probabilities in the residual.
@@ -104,8 +107,13 @@ fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), Samp
     }
 }
 
+/// A draft probability the verifier accepts: finite, in `[0, 1]`.
+fn valid_q(value: f32) -> bool {
+    value.is_finite() && (0.0..=1.0).contains(&value)
+}
+
 fn check_q(draft: usize, token: u32, value: f32) -> Result<f32, SampleError> {
-    if value.is_finite() && (0.0..=1.0).contains(&value) {
+    if valid_q(value) {
         Ok(value)
     } else {
         Err(SampleError::InvalidDraftProbability {
@@ -123,11 +131,36 @@ fn weight_of_token(cands: &[Cand], token: u32) -> u64 {
 }
 
 /// Verifies rows, reusing its buffers between calls.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Verifier {
     scratch: Scratch,
     history: Vec<u32>,
     residual: Vec<Cand>,
+    fused_above: usize,
+}
+
+impl Default for Verifier {
+    fn default() -> Self {
+        Self::with_fused_above(FUSED_ABOVE)
+    }
+}
+
+/// What one position gives: a token, its log-probability, and whether it
+/// was an accepted draft.
+struct Step {
+    token: u32,
+    logprob: f32,
+    accepted: bool,
+}
+
+impl Step {
+    fn new(c: Cand, total: u64, accepted: bool) -> Self {
+        Self {
+            token: c.id,
+            logprob: fixed_logprob(c.w, total),
+            accepted,
+        }
+    }
 }
 
 impl Verifier {
@@ -136,25 +169,18 @@ impl Verifier {
         Self::default()
     }
 
-    fn dist<L: LogitValue>(
-        &mut self,
-        req: &VerifyRequest<'_, L>,
-        i: usize,
-    ) -> Result<DistInfo, SampleError> {
-        let v = req.vocab;
-        let words = mask_words(v);
-        self.history.clear();
-        self.history.extend_from_slice(req.history);
-        self.history.extend_from_slice(&req.draft_tokens[..i]);
-        distribution(
-            &req.target_logits[i * v..(i + 1) * v],
-            req.masks.map(|m| &m[i * words..(i + 1) * words]),
-            &self.history,
-            req.params,
-            0,
-            true,
-            &mut self.scratch,
-        )
+    /// A verifier whose stochastic positions without top-k take the fused
+    /// full-vocabulary path (as [`crate::Sampler::with_fused_above`]) once
+    /// more than `candidates` tokens are within reach of a non-zero weight.
+    /// A tuning knob only: every accepted length, token and log-probability
+    /// is the same for any value (`usize::MAX` keeps the listing path).
+    pub fn with_fused_above(candidates: usize) -> Self {
+        Self {
+            scratch: Scratch::default(),
+            history: Vec::new(),
+            residual: Vec::new(),
+            fused_above: candidates,
+        }
     }
 
     /// Verify one row. The result depends only on the request.
@@ -190,76 +216,192 @@ impl Verifier {
                 return Err(SampleError::TokenOutOfRange { token: t, vocab: v });
             }
         }
-        let seed = req.params.seed;
         let mut out = VerifyOutput {
             accepted: 0,
             tokens: Vec::with_capacity(n + 1),
             logprobs: Vec::with_capacity(n + 1),
         };
         for i in 0..=n {
-            let info = self.dist(req, i)?;
-            let pos = req.position.wrapping_add(i as u64);
-            let cands = &self.scratch.cands;
-            if i == n {
-                let bonus = match req.mode {
-                    VerifyMode::Greedy => info.top,
-                    VerifyMode::Stochastic => {
-                        let mut st = PhiloxStream::for_draw(seed, pos, DrawKind::Sample);
-                        draw(cands, info.total, &mut st)
-                    }
-                };
-                out.tokens.push(bonus.id);
-                out.logprobs.push(fixed_logprob(bonus.w, info.total));
+            let step = self.step(req, q, i)?;
+            out.tokens.push(step.token);
+            out.logprobs.push(step.logprob);
+            if !step.accepted {
                 break;
             }
-            let d = req.draft_tokens[i];
-            let wd = weight_of_token(cands, d);
-            let accept = match (req.mode, q) {
-                (VerifyMode::Stochastic, Some(q)) => {
-                    let qd = check_q(i, d, q[i * v + d as usize])?;
-                    let pd = wd as f64 / info.total as f64;
-                    let u = PhiloxStream::for_draw(seed, pos, DrawKind::Coin).uniform_f64();
-                    u * f64::from(qd) < pd
-                }
-                _ => d == info.top.id,
-            };
-            if accept {
-                out.accepted += 1;
-                out.tokens.push(d);
-                out.logprobs.push(fixed_logprob(wd, info.total));
-                continue;
-            }
-            let fix = match (req.mode, q) {
-                (VerifyMode::Stochastic, Some(q)) => {
-                    let q_row = &q[i * v..(i + 1) * v];
-                    self.residual.clear();
-                    for c in cands {
-                        let qx = check_q(i, c.id, q_row[c.id as usize])?;
-                        self.residual.push(Cand {
-                            w: residual_weight(c.w, qx, info.total),
-                            ..*c
-                        });
-                    }
-                    let rtotal: u64 = self.residual.iter().map(|c| c.w).sum();
-                    let mut st = PhiloxStream::for_draw(seed, pos, DrawKind::Resample);
-                    let pick = if rtotal > 0 {
-                        draw(&self.residual, rtotal, &mut st)
-                    } else {
-                        draw(cands, info.total, &mut st)
-                    };
-                    Cand {
-                        w: weight_of_token(cands, pick.id),
-                        ..pick
-                    }
-                }
-                _ => info.top,
-            };
-            out.tokens.push(fix.id);
-            out.logprobs.push(fixed_logprob(fix.w, info.total));
-            break;
+            out.accepted += 1;
         }
         Ok(out)
     }
+
+    /// Position `i`: the accept test of draft `i`, or the bonus token when
+    /// `i` is the number of drafts.
+    fn step<L: LogitValue>(
+        &mut self,
+        req: &VerifyRequest<'_, L>,
+        q: Option<&[f32]>,
+        i: usize,
+    ) -> Result<Step, SampleError> {
+        let v = req.vocab;
+        let words = mask_words(v);
+        let logits = &req.target_logits[i * v..(i + 1) * v];
+        let mask = req.masks.map(|m| &m[i * words..(i + 1) * words]);
+        let params = req.params;
+        self.history.clear();
+        self.history.extend_from_slice(req.history);
+        self.history.extend_from_slice(&req.draft_tokens[..i]);
+        // Greedy positions need the best-ranked token, which only the listing
+        // gives; top-k rows list at most k tokens anyway.
+        let stochastic = req.mode == VerifyMode::Stochastic && q.is_some();
+        let limit = if stochastic && params.top_k == 0 {
+            self.fused_above
+        } else {
+            usize::MAX
+        };
+        let overflow = gather_row(
+            logits,
+            mask,
+            &self.history,
+            params,
+            0,
+            true,
+            limit,
+            &mut self.scratch,
+        )?;
+        let pos = req.position.wrapping_add(i as u64);
+        let n = req.draft_tokens.len();
+        if let (Some(l_max), Some(q)) = (overflow, q) {
+            let Scratch { adjust, fused, .. } = &mut self.scratch;
+            let row = Row {
+                logits,
+                mask,
+                adjust,
+                params,
+            };
+            let d = weigh_full(&row, l_max, params, fused);
+            if i == n {
+                let mut st = PhiloxStream::for_draw(params.seed, pos, DrawKind::Sample);
+                let c = pick_full(&row, &d, st.below(d.total), fused);
+                return Ok(Step::new(c, d.total, false));
+            }
+            let dt = req.draft_tokens[i];
+            let wd = weight_full(&row, &d, dt, fused);
+            let qd = check_q(i, dt, q[i * v + dt as usize])?;
+            if coin_accepts(params.seed, pos, wd, d.total, qd) {
+                return Ok(Step::new(
+                    Cand {
+                        id: dt,
+                        l: 0.0,
+                        w: wd,
+                    },
+                    d.total,
+                    true,
+                ));
+            }
+            let q_row = &q[i * v..(i + 1) * v];
+            if q_row.iter().all(|&x| valid_q(x)) {
+                let rtotal = residual_full(&row, &d, q_row, fused);
+                let mut st = PhiloxStream::for_draw(params.seed, pos, DrawKind::Resample);
+                let c = if rtotal > 0 {
+                    pick_residual(&row, &d, q_row, st.below(rtotal), fused)
+                } else {
+                    pick_full(&row, &d, st.below(d.total), fused)
+                };
+                return Ok(Step::new(c, d.total, false));
+            }
+            // An invalid draft probability somewhere in the row: the listing
+            // decides whether a survivor carries it (an error) or not.
+            let info = distribution(
+                logits,
+                mask,
+                &self.history,
+                params,
+                0,
+                true,
+                &mut self.scratch,
+            )?;
+            let fix = self.listed_residual(q_row, i, pos, params.seed, &info)?;
+            return Ok(Step::new(fix, info.total, false));
+        }
+        let info = filter_listed(params, 0, &mut self.scratch);
+        let cands = &self.scratch.cands;
+        if i == n {
+            let bonus = match req.mode {
+                VerifyMode::Greedy => info.top,
+                VerifyMode::Stochastic => {
+                    let mut st = PhiloxStream::for_draw(params.seed, pos, DrawKind::Sample);
+                    draw(cands, info.total, &mut st)
+                }
+            };
+            return Ok(Step::new(bonus, info.total, false));
+        }
+        let d = req.draft_tokens[i];
+        let wd = weight_of_token(cands, d);
+        let accept = match (req.mode, q) {
+            (VerifyMode::Stochastic, Some(q)) => {
+                let qd = check_q(i, d, q[i * v + d as usize])?;
+                coin_accepts(params.seed, pos, wd, info.total, qd)
+            }
+            _ => d == info.top.id,
+        };
+        if accept {
+            return Ok(Step::new(
+                Cand {
+                    id: d,
+                    l: 0.0,
+                    w: wd,
+                },
+                info.total,
+                true,
+            ));
+        }
+        let fix = match (req.mode, q) {
+            (VerifyMode::Stochastic, Some(q)) => {
+                self.listed_residual(&q[i * v..(i + 1) * v], i, pos, params.seed, &info)?
+            }
+            _ => info.top,
+        };
+        Ok(Step::new(fix, info.total, false))
+    }
+
+    /// The correction token after a rejection, drawn from the residual of
+    /// the listed distribution in `self.scratch.cands`.
+    fn listed_residual(
+        &mut self,
+        q_row: &[f32],
+        i: usize,
+        pos: u64,
+        seed: u64,
+        info: &DistInfo,
+    ) -> Result<Cand, SampleError> {
+        let cands = &self.scratch.cands;
+        self.residual.clear();
+        for c in cands {
+            let qx = check_q(i, c.id, q_row[c.id as usize])?;
+            self.residual.push(Cand {
+                w: residual_weight(c.w, qx, info.total),
+                ..*c
+            });
+        }
+        let rtotal: u64 = self.residual.iter().map(|c| c.w).sum();
+        let mut st = PhiloxStream::for_draw(seed, pos, DrawKind::Resample);
+        let pick = if rtotal > 0 {
+            draw(&self.residual, rtotal, &mut st)
+        } else {
+            draw(cands, info.total, &mut st)
+        };
+        Ok(Cand {
+            w: weight_of_token(cands, pick.id),
+            ..pick
+        })
+    }
+}
+
+/// The accept test `u * q(d) < p(d)`, `p(d) = w(d) / W` in `f64`, with the
+/// coin of `(seed, pos)`.
+fn coin_accepts(seed: u64, pos: u64, wd: u64, total: u64, qd: f32) -> bool {
+    let pd = wd as f64 / total as f64;
+    let u = PhiloxStream::for_draw(seed, pos, DrawKind::Coin).uniform_f64();
+    u * f64::from(qd) < pd
 }
 
 /// Verify one row with fresh buffers (see [`Verifier`] to reuse them).

@@ -5,7 +5,8 @@
 use deepinfer_sample::reference::sample_sorted;
 use deepinfer_sample::sampler::FUSED_ABOVE;
 use deepinfer_sample::{
-    LogitValue, LogprobSource, SampleRequest, Sampler, SamplingParams, mask_words,
+    LogitValue, LogprobSource, SampleRequest, Sampler, SamplingParams, Verifier, VerifyMode,
+    VerifyRequest, mask_words,
 };
 use proptest::prelude::*;
 
@@ -225,4 +226,195 @@ fn extreme_temperatures_and_spreads_match() {
             }
         }
     }
+}
+
+/// A verification case: `n` drafts over a small vocabulary.
+#[derive(Debug, Clone)]
+struct VerifyCase {
+    vocab: usize,
+    target: Vec<f32>,
+    drafts: Vec<u32>,
+    q: Vec<f32>,
+    masks: Option<Vec<u32>>,
+    history: Vec<u32>,
+    params: SamplingParams,
+    position: u64,
+}
+
+fn verify_case() -> impl Strategy<Value = VerifyCase> {
+    (1usize..2600, 0usize..4, any::<u64>(), 0u8..4).prop_flat_map(|(vocab, n, seed, flavour)| {
+        let logit = match flavour {
+            0 => (-3i32..4).prop_map(|v| v as f32 * 0.5).boxed(),
+            1 => (-20.0f32..20.0).boxed(),
+            2 => (-1.0f32..1.0).prop_map(|v| v * 1e-3).boxed(),
+            _ => prop_oneof![(-5.0f32..5.0), Just(0.0f32)].boxed(),
+        };
+        // Draft probabilities: near the target scale (1 / vocab), large
+        // (sums far above 1, empty residuals) or zero; rarely invalid.
+        let scale = 1.0 / vocab as f32;
+        let qv = prop_oneof![
+            8 => (0.0f32..4.0).prop_map(move |x| x * scale),
+            2 => 0.0f32..1.0,
+            1 => Just(0.0f32),
+            1 => Just(f32::NAN),
+        ];
+        (
+            proptest::collection::vec(logit, (n + 1) * vocab),
+            proptest::collection::vec(0..vocab as u32, n),
+            proptest::collection::vec(qv, n * vocab),
+            proptest::option::of(proptest::collection::vec(
+                prop_oneof![4 => Just(u32::MAX), 1 => any::<u32>()],
+                (n + 1) * mask_words(vocab),
+            )),
+            proptest::collection::vec(0..vocab as u32, 0..6),
+            prop_oneof![Just(1.0f32), 0.05f32..1.0],
+            prop_oneof![Just(0.0f32), 0.0f32..0.3],
+            prop_oneof![Just(1.0f32), 0.1f32..3.0, Just(1e-4f32)],
+            (0u64..1_000_000, any::<bool>(), 0.5f32..1.5),
+        )
+            .prop_map(
+                move |(
+                    target,
+                    drafts,
+                    mut q,
+                    masks,
+                    history,
+                    top_p,
+                    min_p,
+                    temperature,
+                    (position, clean, repetition_penalty),
+                )| {
+                    if clean {
+                        // Most rows: no invalid value anywhere.
+                        q.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = 0.0);
+                    }
+                    VerifyCase {
+                        vocab,
+                        target,
+                        drafts,
+                        q,
+                        masks,
+                        history,
+                        params: SamplingParams {
+                            temperature,
+                            top_p,
+                            min_p,
+                            repetition_penalty,
+                            seed,
+                            ..SamplingParams::default()
+                        },
+                        position,
+                    }
+                },
+            )
+    })
+}
+
+fn check_verify<L: LogitValue>(c: &VerifyCase, target: &[L]) -> Result<(), TestCaseError> {
+    let req = VerifyRequest {
+        target_logits: target,
+        vocab: c.vocab,
+        draft_tokens: &c.drafts,
+        draft_probs: Some(&c.q),
+        masks: c.masks.as_deref(),
+        history: &c.history,
+        position: c.position,
+        params: &c.params,
+        mode: VerifyMode::Stochastic,
+    };
+    let fused = Verifier::with_fused_above(0).verify(&req);
+    let listed = Verifier::with_fused_above(usize::MAX).verify(&req);
+    let default = Verifier::new().verify(&req);
+    // Errors carry the offending value (possibly NaN): compare them as text.
+    prop_assert_eq!(format!("{default:?}"), format!("{listed:?}"));
+    match (&fused, &listed) {
+        (Ok(f), Ok(l)) => {
+            prop_assert_eq!(f.accepted, l.accepted);
+            prop_assert_eq!(&f.tokens, &l.tokens);
+            let fb: Vec<u32> = f.logprobs.iter().map(|x| x.to_bits()).collect();
+            let lb: Vec<u32> = l.logprobs.iter().map(|x| x.to_bits()).collect();
+            prop_assert_eq!(fb, lb);
+        }
+        _ => prop_assert_eq!(format!("{fused:?}"), format!("{listed:?}")),
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn fused_verification_equals_listing_f32(c in verify_case()) {
+        check_verify(&c, &c.target)?;
+    }
+
+    #[test]
+    fn fused_verification_equals_listing_bf16(c in verify_case()) {
+        let t: Vec<half::bf16> = c.target.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        check_verify(&c, &t)?;
+    }
+}
+
+#[test]
+fn full_vocabulary_verification_takes_the_fused_path_and_matches() {
+    const N: usize = 3;
+    let v = 129_280;
+    let mut target = Vec::with_capacity((N + 1) * v);
+    for r in 0..=N {
+        target.extend(full_row(10 + r as u64));
+    }
+    // Draft distributions: the target's own softmax at a hotter temperature
+    // (near p: frequent acceptances) and a flat one (frequent rejections).
+    let softmax = |row: &[f32], t: f32| -> Vec<f32> {
+        let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f64> = row.iter().map(|&l| f64::from((l - m) / t).exp()).collect();
+        let z: f64 = e.iter().sum();
+        e.iter().map(|x| (x / z) as f32).collect()
+    };
+    let mut accepted = [0usize; N + 1];
+    for (flat, t_draft) in [(false, 1.2f32), (true, 1.0)] {
+        let mut q = Vec::with_capacity(N * v);
+        let mut drafts = Vec::new();
+        for r in 0..N {
+            let row = &target[r * v..(r + 1) * v];
+            let qr = if flat {
+                vec![1.0 / v as f32; v]
+            } else {
+                softmax(row, t_draft)
+            };
+            // The draft's argmax, or a mid-ranked token.
+            let best = (0..v).max_by(|&a, &b| qr[a].total_cmp(&qr[b])).unwrap();
+            drafts.push(if r == 1 && flat { 4242 } else { best as u32 });
+            q.extend(qr);
+        }
+        for (top_p, min_p) in [(1.0f32, 0.0f32), (0.9, 0.0), (1.0, 1e-4)] {
+            for seed in 0..4 {
+                let params = SamplingParams {
+                    top_p,
+                    min_p,
+                    seed,
+                    presence_penalty: 0.3,
+                    ..SamplingParams::default()
+                };
+                let req = VerifyRequest {
+                    target_logits: &target,
+                    vocab: v,
+                    draft_tokens: &drafts,
+                    draft_probs: Some(&q),
+                    masks: None,
+                    history: &[7, 8],
+                    position: 50,
+                    params: &params,
+                    mode: VerifyMode::Stochastic,
+                };
+                let fused = Verifier::new().verify(&req).unwrap();
+                let listed = Verifier::with_fused_above(usize::MAX).verify(&req).unwrap();
+                assert_eq!(fused, listed, "flat {flat} top_p {top_p} min_p {min_p}");
+                accepted[fused.accepted] += 1;
+            }
+        }
+    }
+    // Both outcomes occur: rejections (residual draws) and acceptances.
+    assert!(accepted[0] + accepted[1] + accepted[2] > 0, "{accepted:?}");
+    assert!(accepted[1] + accepted[2] + accepted[3] > 0, "{accepted:?}");
 }
