@@ -755,6 +755,41 @@ impl BlockManager {
         Ok(())
     }
 
+    /// [`BlockManager::mark_computed_by_handle`] for many sequences at once (a decode step's
+    /// sequences whose block just filled). It first asks the CPU for every sequence's entry and the
+    /// ends of its hash and block lists, so their cache misses overlap instead of stalling one
+    /// after the other, then registers in order. Checks every item before changing anything: a
+    /// stale handle or a count past the end is an error and nothing is marked.
+    pub fn mark_computed_batch(&mut self, items: &[(SeqHandle, usize)]) -> Result<()> {
+        for &(h, _) in items {
+            prefetch_line(self.seqs.as_ptr().wrapping_add(h.index as usize));
+        }
+        for &(h, n) in items {
+            let s = self
+                .seqs
+                .get(h.index as usize)
+                .and_then(Option::as_ref)
+                .filter(|s| s.id == h.id)
+                .ok_or(KvError::UnknownSequence(h.id))?;
+            if n > s.tokens.len() {
+                return Err(KvError::ComputedPastEnd {
+                    requested: n,
+                    len: s.tokens.len(),
+                });
+            }
+            prefetch_line(
+                s.hashes
+                    .as_ptr()
+                    .wrapping_add(s.hashes.len().saturating_sub(1)),
+            );
+            prefetch_line(s.blocks.as_ptr().wrapping_add(s.registered));
+        }
+        for &(h, n) in items {
+            self.mark_computed_by_handle(h, n)?;
+        }
+        Ok(())
+    }
+
     /// Removes the last `n` tokens of `seq` (rejected speculative tokens, or a truncation).
     /// Blocks left empty are released; if the new last block is partly filled and shared or
     /// cached, it is detached: a cached private block leaves the cache, a shared block is copied

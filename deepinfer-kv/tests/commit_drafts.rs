@@ -243,3 +243,41 @@ fn prefetch_changes_nothing_even_with_a_stale_handle() {
     m.prefetch(h, true);
     assert_eq!(m.handle(1), Err(KvError::UnknownSequence(1)));
 }
+
+#[test]
+fn mark_computed_batch_matches_one_by_one_and_is_all_or_nothing() {
+    let (mut a, mut b) = (manager(), manager());
+    for m in [&mut a, &mut b] {
+        m.allocate(1, &(0..9).collect::<Vec<u32>>(), Default::default())
+            .unwrap();
+        m.allocate(2, &(100..106).collect::<Vec<u32>>(), Default::default())
+            .unwrap();
+    }
+    let (h1, h2) = (a.handle(1).unwrap(), a.handle(2).unwrap());
+    a.mark_computed_batch(&[(h1, 8), (h2, 4)]).unwrap();
+    b.mark_computed(1, 8).unwrap();
+    b.mark_computed(2, 4).unwrap();
+    for id in [1, 2] {
+        assert_eq!(a.num_computed(id), b.num_computed(id));
+    }
+    assert_eq!(a.usage(), b.usage());
+    // The filled blocks are cached the same way.
+    let hit = a.allocate(3, &(0..9).collect::<Vec<u32>>(), Default::default());
+    assert_eq!(hit.unwrap().plan.reused_tokens, 8);
+    // A count past the end anywhere in the batch: an error, nothing marked.
+    let before = (a.num_computed(1), a.num_computed(2));
+    assert_eq!(
+        a.mark_computed_batch(&[(h1, 9), (h2, 7)]),
+        Err(KvError::ComputedPastEnd {
+            requested: 7,
+            len: 6
+        })
+    );
+    assert_eq!((a.num_computed(1), a.num_computed(2)), before);
+    a.free(2).unwrap();
+    assert_eq!(
+        a.mark_computed_batch(&[(h1, 9), (h2, 5)]),
+        Err(KvError::UnknownSequence(2))
+    );
+    assert_eq!(a.num_computed(1), before.0);
+}

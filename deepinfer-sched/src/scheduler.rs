@@ -326,6 +326,8 @@ pub struct Scheduler {
     running: Vec<u32>,
     /// One bit per running slot: finished during the current `update`.
     finished_mask: Vec<u64>,
+    /// Blocks filled during an update walk, reported in one batch.
+    computed_batch: Vec<(SeqHandle, usize)>,
     /// Blocks reserved by provisional rows of pending plans, not yet
     /// materialised (admissions and appends leave them free).
     pending_reserve: usize,
@@ -423,6 +425,7 @@ impl Scheduler {
             num_waiting: 0,
             running: Vec::new(),
             finished_mask: Vec::new(),
+            computed_batch: Vec::new(),
             pending_reserve: 0,
             steps_since_compact: 0,
             perm_scratch: Vec::new(),
@@ -1317,6 +1320,8 @@ impl Scheduler {
         };
         let mut res = UpdateResult::default();
         let mut cur = OutCursor::default();
+        // Left over only if an earlier update failed half way.
+        self.computed_batch.clear();
         let mut any_finished = false;
         for fr in flight.prefill.iter().filter(|f| !f.cancelled) {
             let (o, toks, confs) = cur.next(out);
@@ -1344,7 +1349,8 @@ impl Scheduler {
                     r.inflight -= 1;
                     r.sampling_rows -= 1;
                     if r.kv_len >= r.next_full {
-                        self.kv.mark_computed_by_handle(h, r.kv_len)?;
+                        // Reported in one batch after the walk (see `flush_computed`).
+                        self.computed_batch.push((h, r.kv_len));
                         r.next_full = next_block_end(r.kv_len, self.kv.block_size());
                     }
                     r.tokens.push(t);
@@ -1374,6 +1380,7 @@ impl Scheduler {
                 any_finished |= self.apply_decode(fr, toks, confs, o.stop, &mut res)?;
             }
         }
+        self.flush_computed()?;
         if any_finished {
             let mask = &self.finished_mask;
             self.running
@@ -1500,11 +1507,27 @@ impl Scheduler {
         })
     }
 
+    /// Report the blocks filled during the update walk, in one batch whose
+    /// cache misses overlap. Runs before anything frees a sequence, so every
+    /// handle in the batch is live.
+    fn flush_computed(&mut self) -> Result<(), SchedError> {
+        if self.computed_batch.is_empty() {
+            return Ok(());
+        }
+        let r = self.kv.mark_computed_batch(&self.computed_batch);
+        self.computed_batch.clear();
+        Ok(r?)
+    }
+
     /// A request finished with a step's output: free it and report it; true
     /// when it was running (its bit is then set in `finished_mask`).
     #[cold]
     #[inline(never)]
     fn finish(&mut self, loc: Loc, reason: FinishReason, res: &mut UpdateResult) -> bool {
+        // Its filled blocks are reported (and cached) before its sequence goes.
+        // (Cannot fail: every handle in the batch is live.)
+        let flushed = self.flush_computed();
+        debug_assert!(flushed.is_ok(), "{flushed:?}");
         let mut r = self.release(loc);
         Self::free_kv(&mut self.kv, &mut r);
         if loc.parked {
