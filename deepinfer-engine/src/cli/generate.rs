@@ -253,13 +253,15 @@ pub fn run(a: &GenerateArgs) -> CliResult {
         sum.generated_tokens as f64 / sum.elapsed_s.max(1e-9)
     );
     eprintln!(
-        "steps {}, forward {:.0} ms, sampling {:.0} ms, grammar {:.0} ms, scheduling {:.0} ms, parsing {:.0} ms; prefix-cached prompt tokens {}, preemptions {}, forks {}",
+        "steps {}, forward {:.0} ms, sampling {:.0} ms, grammar {:.0} ms, scheduling {:.0} ms, building steps {:.0} ms, parsing {:.0} ms (host work done while a step computed: {:.0} ms); prefix-cached prompt tokens {}, preemptions {}, forks {}",
         m.steps,
         m.forward_ms,
         m.sample_ms,
         m.grammar_ms,
         m.sched_ms,
+        m.build_ms,
         m.post_ms,
+        m.hidden_ms,
         m.cached_prompt_tokens,
         m.preemptions,
         m.forks

@@ -26,7 +26,9 @@ pub struct BenchPoint {
     /// grammar, parsing, bookkeeping; not the drafter) over the wall time, whether or not
     /// it overlapped the forward.
     pub host_frac: f64,
-    /// Share of that host time done while a step computed (overlapped scheduling).
+    /// Share of the host thread's work (schedule, update, building the step, parsing,
+    /// bookkeeping) done while a step computed (overlapped scheduling). Sampling and grammar
+    /// masks run in the device step, so they are not counted here.
     pub hidden_frac: f64,
     /// Share of the wall time when no forward or drafter ran: the host work that was not
     /// hidden, plus hand-over gaps. The host overhead a user sees.
@@ -86,11 +88,8 @@ where
             / outs.len().max(1) as f64;
         let steps = (m1.steps - m0.steps).max(1) as f64;
         let d = |f: fn(&super::engine::Metrics) -> f64| f(&m1) - f(&m0);
-        let host = d(|m| m.sched_ms)
-            + d(|m| m.build_ms)
-            + d(|m| m.post_ms)
-            + d(|m| m.sample_ms)
-            + d(|m| m.grammar_ms);
+        let host_thread = d(|m| m.sched_ms) + d(|m| m.build_ms) + d(|m| m.post_ms);
+        let host = host_thread + d(|m| m.sample_ms) + d(|m| m.grammar_ms);
         let wall_ms = (wall * 1e3).max(1e-9);
         let rows = (m1.spec_rows - m0.spec_rows) as f64;
         let p = BenchPoint {
@@ -105,7 +104,7 @@ where
                 1.0
             },
             host_frac: host / wall_ms,
-            hidden_frac: d(|m| m.hidden_ms) / host.max(1e-9),
+            hidden_frac: (d(|m| m.hidden_ms) / host_thread.max(1e-9)).min(1.0),
             exposed_frac: (1.0 - (d(|m| m.forward_ms) + d(|m| m.draft_ms)) / wall_ms).max(0.0),
             sample_frac: d(|m| m.sample_ms) / wall_ms,
         };

@@ -716,7 +716,9 @@ where
             self.check_request(&r)?;
             self.admit(r, &mut live)?;
         }
-        if !self.cfg.overlap {
+        // Overlap needs a free pool thread for the device loop: a caller that is itself a
+        // rayon worker (it could hold the only one) runs in order.
+        if !self.cfg.overlap || rayon::current_thread_index().is_some() {
             return self.step_loop(&mut live, None, t0, &mut on_event);
         }
         let model = self.model.clone();
@@ -724,18 +726,22 @@ where
         std::thread::scope(|scope| {
             let (jobs, job_rx) = mpsc::channel::<Job<B::Tensor>>();
             let (res_tx, results) = mpsc::channel();
+            // The device loop lives on one thread of rayon's pool for the whole call, so a
+            // step costs one hand-over each way (host → loop, loop → host), as the in-order
+            // loop's `on_pool` does, and the forward's parallel loops start from inside the pool.
             scope.spawn(move || {
-                for job in job_rx {
-                    let r = on_pool(|| run_job(&model, &jcfg, job));
-                    if res_tx.send(r).is_err() {
-                        break;
+                on_pool(move || {
+                    for job in job_rx {
+                        if res_tx.send(run_job(&model, &jcfg, job)).is_err() {
+                            break;
+                        }
                     }
-                }
+                })
             });
             let worker = Worker { jobs, results };
             // Debug mode: any device read on this thread fails loudly from here on.
             let _phase = self.cfg.sync_check.then(LaunchPhase::enter);
-            // `worker` drops at the end of this closure: its channel closes, the thread ends.
+            // `worker` drops at the end of this closure: its channel closes, the loop ends.
             self.step_loop(&mut live, Some(&worker), t0, &mut on_event)
         })
     }
