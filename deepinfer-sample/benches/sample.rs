@@ -9,8 +9,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use deepinfer_sample::reference::sample_sorted;
 use deepinfer_sample::sampler::FUSED_ABOVE;
 use deepinfer_sample::{
-    SampleRequest, Sampler, SamplingParams, Verifier, VerifyMode, VerifyRequest, sample_batch,
-    verify_batch,
+    LogprobSource, SampleRequest, Sampler, SamplingParams, Verifier, VerifyMode, VerifyRequest,
+    sample_batch, verify_batch,
 };
 use rayon::prelude::*;
 
@@ -112,11 +112,23 @@ fn bench_sample(c: &mut Criterion) {
 fn bench_full_vocab(c: &mut Criterion) {
     const FULL_ROWS: usize = 64;
     let data = logits(FULL_ROWS * VOCAB, 2);
-    for (name, top_p) in [("t1", 1.0f32), ("t1_topp0.9", 0.9)] {
+    for (name, top_p, top_logprobs, logprob_source) in [
+        ("t1", 1.0f32, 0, LogprobSource::Sampled),
+        ("t1_topp0.9", 0.9, 0, LogprobSource::Sampled),
+        ("t1_top_logprobs5", 1.0, 5, LogprobSource::Sampled),
+        (
+            "t1_top_logprobs5_processed",
+            1.0,
+            5,
+            LogprobSource::Processed,
+        ),
+    ] {
         let params: Vec<SamplingParams> = (0..FULL_ROWS)
             .map(|i| SamplingParams {
                 temperature: 1.0,
                 top_p,
+                top_logprobs,
+                logprob_source,
                 seed: i as u64,
                 ..SamplingParams::default()
             })
@@ -126,15 +138,15 @@ fn bench_full_vocab(c: &mut Criterion) {
             reqs.par_iter()
                 .map_init(
                     || Sampler::with_fused_above(above),
-                    |s, r| s.sample(r).unwrap().token,
+                    |s, r| s.sample(r).unwrap(),
                 )
-                .collect::<Vec<u32>>()
+                .collect::<Vec<_>>()
         };
         // The paths agree (a few rows: the tests cover the rest).
         let few = &reqs[..4];
-        let pick = |above: usize| -> Vec<u32> {
+        let pick = |above: usize| -> Vec<_> {
             let mut s = Sampler::with_fused_above(above);
-            few.iter().map(|r| s.sample(r).unwrap().token).collect()
+            few.iter().map(|r| s.sample(r).unwrap()).collect()
         };
         assert_eq!(pick(0), pick(usize::MAX), "the paths must agree");
         let mut g = c.benchmark_group(format!("full_vocab_64x129280_{name}"));

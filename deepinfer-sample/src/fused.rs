@@ -696,3 +696,93 @@ fn weigh_top_p<L: LogitValue>(
     }
     (edge, s.blocks.iter().sum())
 }
+
+/// The `n` best survivors by weight (ties by id), best first, into `out`:
+/// what the listing path reports as alternatives for
+/// [`crate::LogprobSource::Sampled`]. Fewer when fewer tokens survive.
+pub(crate) fn top_survivors<L: LogitValue>(
+    row: &Row<'_, L>,
+    d: &FullDist,
+    n: usize,
+    s: &FusedScratch,
+    out: &mut Vec<Cand>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { top_survivors_avx2(row, d, n, s, out) };
+    }
+    top_survivors_body(row, d, n, s, out)
+}
+
+/// [`top_survivors`] compiled for AVX2 (same bits, see [`draw_full_avx2`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn top_survivors_avx2<L: LogitValue>(
+    row: &Row<'_, L>,
+    d: &FullDist,
+    n: usize,
+    s: &FusedScratch,
+    out: &mut Vec<Cand>,
+) {
+    top_survivors_body(row, d, n, s, out)
+}
+
+#[inline(always)]
+fn top_survivors_body<L: LogitValue>(
+    row: &Row<'_, L>,
+    d: &FullDist,
+    n: usize,
+    s: &FusedScratch,
+    out: &mut Vec<Cand>,
+) {
+    out.clear();
+    if n == 0 {
+        return;
+    }
+    let by_weight = |a: &Cand, b: &Cand| b.w.cmp(&a.w).then(a.id.cmp(&b.id));
+    // Tokens come in id order, so once `n` are held a new one must weigh
+    // strictly more than the n-th best to rank before it.
+    let cap = 2 * n + 32;
+    let mut th: Option<u64> = None;
+    let mut push = |out: &mut Vec<Cand>, id: usize, w: u64| {
+        if th.is_none_or(|t| w > t) {
+            out.push(Cand {
+                id: id as u32,
+                l: 0.0,
+                w,
+            });
+            if out.len() >= cap {
+                out.select_nth_unstable_by(n - 1, by_weight);
+                out.truncate(n);
+                th = Some(out[n - 1].w);
+            }
+        }
+    };
+    let vocab = row.logits.len();
+    if let Some(edge) = d.edge {
+        let (ws, bs) = (&s.weights[..vocab], &s.buckets[..vocab]);
+        for (id, (&wt, &b)) in ws.iter().zip(bs).enumerate() {
+            if wt >= d.floor && b <= edge && (b < edge || top_p_keeps(d, edge, s, id, wt, b)) {
+                push(out, id, wt);
+            }
+        }
+    } else {
+        let mut w = new_weighed();
+        let mut it = Chunks::new(row, 0..vocab, d.k.l_max);
+        while it.advance() {
+            let c = &it.c;
+            d.k.weigh(c, &mut w);
+            for j in 0..LANES {
+                if w.floor_ok[j] {
+                    push(out, c.base + j, join(w.hi[j], w.lo[j]));
+                }
+            }
+        }
+    }
+    if out.len() > n {
+        out.select_nth_unstable_by(n - 1, by_weight);
+        out.truncate(n);
+    }
+    out.sort_unstable_by(by_weight);
+}

@@ -4,7 +4,7 @@
 use crate::error::SampleError;
 use crate::filter::{Cand, best, gather, rank, top_k, top_p_filter, top_p_need, weigh};
 use crate::fixed_point::{WEIGHT_ONE, det_exp, pick};
-use crate::fused::{FusedScratch, draw_full};
+use crate::fused::{FusedScratch, draw_full, pick_full, top_survivors, weigh_full};
 use crate::logits::{Adjust, LogitValue, Row, build_adjustments, check_shape};
 use crate::params::{LogprobSource, SamplingParams};
 use crate::rng::{DrawKind, PhiloxStream};
@@ -192,18 +192,29 @@ pub(crate) fn fixed_logprob(w: u64, total: u64) -> f32 {
     ((w as f64).ln() - (total as f64).ln()) as f32
 }
 
-/// Log-probabilities of `chosen` and the alternatives.
+/// Log-probabilities of `chosen` and the alternatives (with `fused`, the
+/// [`LogprobSource::Sampled`] alternatives are already in `s.alts`).
 fn logprobs<L: LogitValue>(
     logits: &[L],
     mask: Option<&[u32]>,
     params: &SamplingParams,
     info: &DistInfo,
     chosen: Cand,
+    fused: bool,
     s: &mut Scratch,
 ) -> Result<(f32, Vec<(u32, f32)>), SampleError> {
     match params.logprob_source {
         LogprobSource::Sampled => {
             let lp = fixed_logprob(chosen.w, info.total);
+            if fused {
+                // The fused path selected them already.
+                let alts = s
+                    .alts
+                    .iter()
+                    .map(|c| (c.id, fixed_logprob(c.w, info.total)))
+                    .collect();
+                return Ok((lp, alts));
+            }
             let n = params.top_logprobs.min(s.cands.len());
             let mut alts = Vec::with_capacity(n);
             if n > 0 {
@@ -263,9 +274,10 @@ impl Sampler {
         Self::default()
     }
 
-    /// A sampler whose rows without top-k and without alternatives switch to
-    /// the fused full-vocabulary path once more than `candidates` tokens are
-    /// within reach of a non-zero weight (default [`FUSED_ABOVE`]). A tuning
+    /// A sampler whose rows without top-k switch to the fused
+    /// full-vocabulary path once more than `candidates` tokens are within
+    /// reach of a non-zero weight (rows asking for alternatives: allowed at
+    /// all) (default [`FUSED_ABOVE`]). A tuning
     /// knob only: every token and log-probability is the same for any value
     /// (`usize::MAX` keeps the listing path, 0 fuses every such row).
     pub fn with_fused_above(candidates: usize) -> Self {
@@ -282,8 +294,8 @@ impl Sampler {
     ) -> Result<SampleOutput, SampleError> {
         let s = &mut self.scratch;
         let p = req.params;
-        // Alternatives need the listing; top-k rows list at most ~2k tokens.
-        let fusable = p.top_logprobs == 0 && p.top_k == 0;
+        // Top-k rows list at most ~2k tokens.
+        let fusable = p.top_k == 0;
         let limit = if fusable {
             self.fused_above
         } else {
@@ -300,6 +312,7 @@ impl Sampler {
             s,
         )?;
         let mut stream = PhiloxStream::for_draw(p.seed, req.position, DrawKind::Sample);
+        let fused = overflow.is_some();
         let (info, chosen) = match overflow {
             None => {
                 let info = filter_listed(p, p.top_logprobs, s);
@@ -313,9 +326,26 @@ impl Sampler {
                     adjust: &s.adjust,
                     params: p,
                 };
-                let (chosen, total) = draw_full(&row, l_max, p, &mut stream, &mut s.fused);
                 s.cands.clear();
                 s.alts.clear();
+                let (chosen, total) = if p.top_logprobs == 0 {
+                    draw_full(&row, l_max, p, &mut stream, &mut s.fused)
+                } else {
+                    let d = weigh_full(&row, l_max, p, &mut s.fused);
+                    let chosen = pick_full(&row, &d, stream.below(d.total), &s.fused);
+                    match p.logprob_source {
+                        LogprobSource::Sampled => {
+                            top_survivors(&row, &d, p.top_logprobs, &s.fused, &mut s.alts);
+                        }
+                        LogprobSource::Processed => {
+                            // The best allowed tokens by adjusted logit, as
+                            // the listing's selection over all of them.
+                            gather(&row, Some(p.top_logprobs), None, usize::MAX, &mut s.alts)?;
+                            s.alts.sort_unstable_by(rank);
+                        }
+                    }
+                    (chosen, d.total)
+                };
                 let info = DistInfo {
                     total,
                     // Only the maximum logit of `top` is read past this point.
@@ -329,7 +359,7 @@ impl Sampler {
                 (info, chosen)
             }
         };
-        let (logprob, top_logprobs) = logprobs(req.logits, req.mask, p, &info, chosen, s)?;
+        let (logprob, top_logprobs) = logprobs(req.logits, req.mask, p, &info, chosen, fused, s)?;
         Ok(SampleOutput {
             token: chosen.id,
             logprob,

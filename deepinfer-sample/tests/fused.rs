@@ -117,8 +117,48 @@ fn check<L: LogitValue>(c: &Case, logits: &[L]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Rows asking for alternatives: same token, log-probability and
+/// alternatives (bit for bit) on both paths.
+fn check_alts<L: LogitValue>(c: &Case, logits: &[L], n: usize) -> Result<(), TestCaseError> {
+    let params = SamplingParams {
+        top_logprobs: n,
+        ..c.params.clone()
+    };
+    let req = SampleRequest {
+        logits,
+        mask: c.mask.as_deref(),
+        history: &c.history,
+        position: c.position,
+        params: &params,
+    };
+    let fused = Sampler::with_fused_above(0).sample(&req);
+    let listed = Sampler::with_fused_above(usize::MAX).sample(&req);
+    prop_assert_eq!(format!("{fused:?}"), format!("{listed:?}"));
+    if let (Ok(f), Ok(l)) = (&fused, &listed) {
+        let bits = |o: &deepinfer_sample::SampleOutput| -> Vec<(u32, u32)> {
+            std::iter::once((o.token, o.logprob.to_bits()))
+                .chain(o.top_logprobs.iter().map(|&(t, lp)| (t, lp.to_bits())))
+                .collect()
+        };
+        prop_assert_eq!(bits(f), bits(l));
+        prop_assert_eq!(f.top_logprobs.len(), l.top_logprobs.len());
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn fused_alternatives_equal_listing_f32(c in case(), n in 1usize..9) {
+        check_alts(&c, &c.logits, n)?;
+    }
+
+    #[test]
+    fn fused_alternatives_equal_listing_bf16(c in case(), n in 1usize..9) {
+        let row: Vec<half::bf16> = c.logits.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        check_alts(&c, &row, n)?;
+    }
 
     #[test]
     fn fused_equals_listing_f32(c in case()) {
@@ -180,6 +220,18 @@ fn full_vocabulary_rows_take_the_fused_path_and_match() {
                 let fused = Sampler::new().sample(&req).unwrap();
                 let listed = Sampler::with_fused_above(usize::MAX).sample(&req).unwrap();
                 assert_eq!(fused, listed, "t {temperature} top_p {top_p} min_p {min_p}");
+                for source in [LogprobSource::Sampled, LogprobSource::Processed] {
+                    let p5 = SamplingParams {
+                        top_logprobs: 5,
+                        logprob_source: source,
+                        ..params.clone()
+                    };
+                    let r5 = SampleRequest { params: &p5, ..req };
+                    let fused = Sampler::new().sample(&r5).unwrap();
+                    let listed = Sampler::with_fused_above(usize::MAX).sample(&r5).unwrap();
+                    assert_eq!(fused, listed, "{source:?} t {temperature} top_p {top_p}");
+                    assert_eq!(fused.top_logprobs.len(), 5);
+                }
                 let (token, lp) = sample_sorted(&req).unwrap();
                 assert_eq!(
                     (fused.token, fused.logprob.to_bits()),
