@@ -115,6 +115,29 @@ impl Emitter {
         self.pending = None;
     }
 
+    /// Queue one piece made of `parts`, of which the first `released`
+    /// bytes are released as `action` (the rest is held by the scanner), as
+    /// the general path leaves it. Whole earlier pieces must have been
+    /// released already when `released > 0`.
+    pub fn queue_piece<'a>(
+        &mut self,
+        parts: impl Iterator<Item = &'a [u8]>,
+        action: Action,
+        released: usize,
+    ) {
+        let before = self.bytes.len();
+        for part in parts {
+            self.bytes.extend_from_slice(part);
+        }
+        let len = self.bytes.len() - before;
+        if len > 0 {
+            self.pieces.push_back(len);
+        }
+        if released > 0 {
+            self.pending = Some((action, released));
+        }
+    }
+
     pub fn reasoning(&self) -> &str {
         &self.reasoning
     }

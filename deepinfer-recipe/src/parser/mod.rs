@@ -238,10 +238,47 @@ impl StreamParser {
             return false;
         }
         let texts = self.tokenizer.token_texts();
+        let plain = |text: &str| !text.bytes().any(|b| starts[b as usize]);
+        // The last token may end in newlines: they are held (see below).
+        let Some((&last, init)) = ids.split_last() else {
+            return false;
+        };
+        let last_text = texts.get(last).unwrap_or("\u{0}");
+        let last_body = last_text.trim_end_matches('\n');
+        let newlines = last_text.len() - last_body.len();
+        if newlines > 0 {
+            if !plain(last_body) {
+                return false;
+            }
+            let mut text_len = last_body.len();
+            for &id in init {
+                match texts.get(id) {
+                    Some(text) if plain(text) => text_len += text.len(),
+                    _ => return false,
+                }
+            }
+            let after_text = text_len > 0;
+            if !self.scanner.can_hold_newlines(after_text) {
+                return false;
+            }
+            // Released text stays queued with its newlines, as the general
+            // path leaves it: the piece is one event once they are released.
+            self.completion_tokens += ids.len() as u32;
+            self.scanner.hold_newlines(newlines, after_text);
+            if after_text {
+                self.emitter.release_queued(action, out);
+            }
+            let parts = init
+                .iter()
+                .map(|&id| texts.get(id).unwrap_or("").as_bytes());
+            self.emitter
+                .queue_piece(parts.chain([last_text.as_bytes()]), action, text_len);
+            return true;
+        }
         let start = out.text_len();
         for &id in ids {
             match texts.get(id) {
-                Some(text) if !text.bytes().any(|b| starts[b as usize]) => out.append_text(text),
+                Some(text) if plain(text) => out.append_text(text),
                 _ => {
                     out.truncate_text(start);
                     return false;
@@ -362,6 +399,8 @@ impl StreamParser {
 
     fn flush_plain(&mut self, force: bool, out: &mut impl EventSink) {
         if self.pending.is_empty() {
+            // Tokens without bytes (ids outside the vocabulary) still count.
+            self.completion_tokens += std::mem::take(&mut self.pending_tokens);
             return;
         }
         let pending = std::mem::take(&mut self.pending);
@@ -465,6 +504,34 @@ mod tests {
         events
     }
 
+    /// Regression (found by the differential fuzz body): tokens without
+    /// bytes at the end of a push were never counted.
+    #[test]
+    fn ids_outside_the_vocabulary_are_counted() {
+        let tokenizer = tokenizer();
+        let mut ids = tokenizer.encode_plain("Hello world").unwrap();
+        ids.push(u32::MAX);
+        let options = ParsingOptions {
+            parse_tool_calls: true,
+            starts_in_tool_calls: false,
+            parse_json_output: false,
+            thinking: None,
+            stop_sequences: Vec::new(),
+        };
+        for cuts in [&[1][..], &[16]] {
+            for events in [
+                run(&ids, cuts, &options, false),
+                run(&ids, cuts, &options, true),
+                run_buffered(&ids, cuts, &options, 1),
+            ] {
+                let Some(Event::Finish { usage, .. }) = events.last() else {
+                    panic!("no finish");
+                };
+                assert_eq!(usage.completion_tokens, ids.len() as u32);
+            }
+        }
+    }
+
     #[test]
     fn held_newlines_before_a_newline_stop_sequence_stay_on_the_general_path() {
         let tokenizer = tokenizer();
@@ -501,7 +568,7 @@ mod tests {
             pieces in prop::collection::vec(prop::sample::select(vec![
                 "Hello", " world", "\n", "\n\n", "<", "</", " calls>", "END", "E", "你好",
                 "é", "{\"a\": 1}", "```json\n", "invoke name=\"f\">", "</think>", "<｜DSML｜",
-                "<｜end▁of▁sentence｜>", "X",
+                "<｜end▁of▁sentence｜>", "X", "end.\n", "ok\n\n", ".\n",
             ]), 0..40),
             cuts in prop::collection::vec(1usize..6, 1..10),
             thinking in any::<bool>(),

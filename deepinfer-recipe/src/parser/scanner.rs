@@ -103,6 +103,8 @@ struct StageRules {
     strip_leading_newlines: bool,
     /// Bytes that can start (or be absorbed before) some marker.
     starts: [bool; 256],
+    /// Some marker takes the newlines directly before it.
+    absorbs_newlines: bool,
     /// Some marker itself starts with a newline (so held newlines may be
     /// the start of a marker, not only absorbed before one).
     newline_starts_marker: bool,
@@ -265,11 +267,13 @@ fn rules(stage: Stage, m: &MarkupSpellings) -> StageRules {
         starts[b'\n' as usize] = true;
     }
     let newline_starts_marker = markers.iter().any(|marker| marker.units[0].0 == b'\n');
+    let absorbs_newlines = markers.iter().any(|marker| marker.absorbs_newlines);
     StageRules {
         markers,
         default,
         strip_leading_newlines: strip,
         starts,
+        absorbs_newlines,
         newline_starts_marker,
     }
 }
@@ -328,6 +332,26 @@ impl Scanner {
     pub fn note_released_all(&mut self) {
         self.held.clear();
         self.fresh = false;
+    }
+
+    /// Whether plain newlines ending a push would simply be held here
+    /// (waiting to be absorbed before a marker), after ordinary text that
+    /// cannot start a marker (`after_text`) or alone.
+    pub fn can_hold_newlines(&self, after_text: bool) -> bool {
+        self.rules.absorbs_newlines
+            && !self.rules.newline_starts_marker
+            && (after_text || !(self.rules.strip_leading_newlines && self.fresh))
+    }
+
+    /// What [`Self::feed`] does with such text and `count` newlines: the
+    /// text (and anything held) is released, the newlines are held.
+    pub fn hold_newlines(&mut self, count: usize, after_text: bool) {
+        if after_text {
+            self.held.clear();
+            self.fresh = false;
+        }
+        self.held
+            .extend(std::iter::repeat_n((b'\n', Provenance::Plain), count));
     }
 
     /// Bytes were released with the default action outside [`Self::feed`].
