@@ -244,3 +244,50 @@ fn n_samples_fork_the_prompt_and_equal_independent_requests() {
     }
     assert_ne!(forked[0][0].token_ids, forked[0][1].token_ids);
 }
+
+#[test]
+fn stop_sequences_end_the_output_identically_with_and_without_overlap() {
+    let body = |stop: Option<&str>| {
+        let mut b = json!({
+            "model": "deepinfer",
+            "messages": [{"role": "user", "content": "Count from one to twenty, please."}],
+            "max_tokens": 24, "temperature": 0.0,
+        });
+        if let Some(s) = stop {
+            b["stop"] = json!([s]);
+        }
+        b
+    };
+    let free = run(&mut engine(EngineConfig::default()), &[body(None)])
+        .remove(0)
+        .remove(0);
+    let chars: Vec<char> = free.text.chars().collect();
+    assert!(chars.len() >= 8, "text long enough: {:?}", free.text);
+    // A stop string from the middle of the free-running text: the output must end just
+    // before its first occurrence.
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let at = free.text.find(&stop).expect("stop string occurs");
+    let mut outs = Vec::new();
+    for overlap in [false, true] {
+        let o = run(
+            &mut engine(EngineConfig {
+                overlap,
+                ..EngineConfig::default()
+            }),
+            &[body(Some(&stop))],
+        )
+        .remove(0)
+        .remove(0);
+        assert_eq!(
+            o.finish_reason,
+            FinishReason::StopSequence,
+            "overlap {overlap}"
+        );
+        assert_eq!(o.text, free.text[..at], "overlap {overlap}");
+        assert!(o.token_ids.len() < free.token_ids.len());
+        assert_eq!(o.token_ids[..], free.token_ids[..o.token_ids.len()]);
+        outs.push(o);
+    }
+    assert_eq!(outs[0].token_ids, outs[1].token_ids);
+    assert_eq!(outs[0].usage, outs[1].usage);
+}
