@@ -92,7 +92,9 @@ pub struct EngineConfig {
     pub spec_budget: SpecBudget,
     /// Overlapped scheduling: step N's device work runs on a worker thread while this
     /// thread parses step N−1's tokens and plans step N+1 (see the module docs). Outputs
-    /// are the same either way; off runs every step in order.
+    /// are the same either way; off runs every step in order. The device loop runs on a
+    /// thread of rayon's global pool; a `generate` call made from inside a rayon pool runs in
+    /// order (it could hold the pool's only thread).
     pub overlap: bool,
     /// Debug mode: with overlap, fail with [`ModelError::HostSync`] when the host thread
     /// reads device results while a step is in flight (a host–device synchronisation).
