@@ -745,7 +745,7 @@ fn top_survivors_body<L: LogitValue>(
     // strictly more than the n-th best to rank before it.
     let cap = 2 * n + 32;
     let mut th: Option<u64> = None;
-    let mut push = |out: &mut Vec<Cand>, id: usize, w: u64| {
+    let offer = |out: &mut Vec<Cand>, th: &mut Option<u64>, id: usize, w: u64| {
         if th.is_none_or(|t| w > t) {
             out.push(Cand {
                 id: id as u32,
@@ -755,7 +755,7 @@ fn top_survivors_body<L: LogitValue>(
             if out.len() >= cap {
                 out.select_nth_unstable_by(n - 1, by_weight);
                 out.truncate(n);
-                th = Some(out[n - 1].w);
+                *th = Some(out[n - 1].w);
             }
         }
     };
@@ -763,8 +763,12 @@ fn top_survivors_body<L: LogitValue>(
     if let Some(edge) = d.edge {
         let (ws, bs) = (&s.weights[..vocab], &s.buckets[..vocab]);
         for (id, (&wt, &b)) in ws.iter().zip(bs).enumerate() {
-            if wt >= d.floor && b <= edge && (b < edge || top_p_keeps(d, edge, s, id, wt, b)) {
-                push(out, id, wt);
+            if th.is_none_or(|t| wt > t)
+                && wt >= d.floor
+                && b <= edge
+                && (b < edge || top_p_keeps(d, edge, s, id, wt, b))
+            {
+                offer(out, &mut th, id, wt);
             }
         }
     } else {
@@ -773,9 +777,20 @@ fn top_survivors_body<L: LogitValue>(
         while it.advance() {
             let c = &it.c;
             d.k.weigh(c, &mut w);
+            if let Some(t) = th {
+                // Most chunks hold nothing above the n-th best: one
+                // vectorised test skips them.
+                let mut hit = false;
+                for j in 0..LANES {
+                    hit |= w.floor_ok[j] & (join(w.hi[j], w.lo[j]) > t);
+                }
+                if !hit {
+                    continue;
+                }
+            }
             for j in 0..LANES {
                 if w.floor_ok[j] {
-                    push(out, c.base + j, join(w.hi[j], w.lo[j]));
+                    offer(out, &mut th, c.base + j, join(w.hi[j], w.lo[j]));
                 }
             }
         }
