@@ -108,6 +108,7 @@ impl Emitter {
 
     /// Emit every queued piece whole as `action`, as the general path does
     /// when held bytes are released together with the next text.
+    #[inline]
     pub fn release_queued(&mut self, action: Action, out: &mut impl EventSink) {
         while let Some(&front) = self.pieces.front() {
             self.take(action, front, out);

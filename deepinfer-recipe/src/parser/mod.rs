@@ -244,7 +244,11 @@ impl StreamParser {
             return false;
         };
         let last_text = texts.get(last).unwrap_or("\u{0}");
-        let last_body = last_text.trim_end_matches('\n');
+        let last_body = if last_text.ends_with('\n') {
+            last_text.trim_end_matches('\n')
+        } else {
+            last_text
+        };
         let newlines = last_text.len() - last_body.len();
         if newlines > 0 {
             if !plain(last_body) {
