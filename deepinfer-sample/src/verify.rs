@@ -23,6 +23,12 @@
 //! weight of about `5e-5 * q` instead of zero. If the residual still comes out
 //! empty (`q` summing above `1 / c` on the survivors) the token is redrawn
 //! from `p` itself.
+//!
+//! Stochastic positions without top-k whose distribution spans more than
+//! [`crate::sampler::FUSED_ABOVE`] tokens are weighed by the fused
+//! full-vocabulary path (block sums, then per-block residual sums for the
+//! resample) instead of being listed: the same decisions, tokens and
+//! log-probabilities bit for bit ([`Verifier::with_fused_above`]).
 
 use crate::error::SampleError;
 use crate::filter::Cand;
@@ -108,6 +114,7 @@ fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), Samp
 }
 
 /// A draft probability the verifier accepts: finite, in `[0, 1]`.
+#[inline(always)]
 fn valid_q(value: f32) -> bool {
     value.is_finite() && (0.0..=1.0).contains(&value)
 }
@@ -298,7 +305,8 @@ impl Verifier {
                 ));
             }
             let q_row = &q[i * v..(i + 1) * v];
-            if q_row.iter().all(|&x| valid_q(x)) {
+            // No early exit, so the check vectorises.
+            if q_row.iter().fold(true, |ok, &x| ok & valid_q(x)) {
                 let rtotal = residual_full(&row, &d, q_row, fused);
                 let mut st = PhiloxStream::for_draw(params.seed, pos, DrawKind::Resample);
                 let c = if rtotal > 0 {
