@@ -6,7 +6,8 @@
 //! cargo bench -p deepinfer-sample --bench instructions --no-run
 //! valgrind --tool=callgrind <bench binary> <case> <fused|listing>
 //! ```
-//! Cases: `verify_t1` (16 rows x 5 drafts x 129,280, temperature 1),
+//! Cases: `verify_t1` and `verify_t1_greedy` (16 rows x 5 drafts x 129,280,
+//! target temperature 1),
 //! `top_logprobs5` and `top_logprobs5_processed` (64 rows x 129,280,
 //! temperature 1). Without arguments (as in `cargo bench`) it runs nothing.
 
@@ -69,7 +70,7 @@ fn main() {
         deepinfer_sample::sampler::FUSED_ABOVE
     };
     match case.as_str() {
-        "verify_t1" => {
+        "verify_t1" | "verify_t1_greedy" => {
             const ROWS: usize = 16;
             let targets: Vec<Vec<f32>> = (0..4)
                 .map(|b| logits((DRAFTS + 1) * VOCAB, 30 + b))
@@ -100,7 +101,11 @@ fn main() {
                         history: &[],
                         position: 1000,
                         params: p,
-                        mode: VerifyMode::Stochastic,
+                        mode: if case.ends_with("greedy") {
+                            VerifyMode::Greedy
+                        } else {
+                            VerifyMode::Stochastic
+                        },
                     })
                     .expect("valid request");
                 accepted += out.accepted;

@@ -801,3 +801,23 @@ fn top_survivors_body<L: LogitValue>(
     }
     out.sort_unstable_by(by_weight);
 }
+
+/// The first allowed token whose adjusted logit equals `l_max` (the row's
+/// maximum): the best-ranked token, ties by id, as the listing's `best`.
+pub(crate) fn first_max<L: LogitValue>(row: &Row<'_, L>, l_max: f32) -> u32 {
+    // Lanes not allowed are filled with -inf and never match a finite maximum.
+    let mut it = Chunks::new(row, 0..row.logits.len(), f32::NEG_INFINITY);
+    while it.advance() {
+        let c = &it.c;
+        let mut hits = 0u32;
+        for (j, &v) in c.vals.iter().enumerate() {
+            hits |= u32::from(v == l_max) << j;
+        }
+        hits &= c.bits;
+        if hits != 0 {
+            return (c.base + hits.trailing_zeros() as usize) as u32;
+        }
+    }
+    // Unreachable: `l_max` is the value of an allowed token.
+    0
+}

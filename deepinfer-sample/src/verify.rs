@@ -24,15 +24,17 @@
 //! empty (`q` summing above `1 / c` on the survivors) the token is redrawn
 //! from `p` itself.
 //!
-//! Stochastic positions without top-k whose distribution spans more than
+//! Positions without top-k whose distribution spans more than
 //! [`crate::sampler::FUSED_ABOVE`] tokens are weighed by the fused
 //! full-vocabulary path (block sums, then per-block residual sums for the
-//! resample) instead of being listed: the same decisions, tokens and
+//! resample; greedy: the first token with the maximum logit) instead of being
+//! listed: the same decisions, tokens and
 //! log-probabilities bit for bit ([`Verifier::with_fused_above`]).
 
 use crate::error::SampleError;
 use crate::filter::Cand;
-use crate::fused::{pick_full, pick_residual, residual_full, weigh_full, weight_full};
+use crate::fixed_point::WEIGHT_ONE;
+use crate::fused::{first_max, pick_full, pick_residual, residual_full, weigh_full, weight_full};
 use crate::logits::{LogitValue, Row, mask_words};
 use crate::params::SamplingParams;
 use crate::rng::{DrawKind, PhiloxStream};
@@ -176,7 +178,7 @@ impl Verifier {
         Self::default()
     }
 
-    /// A verifier whose stochastic positions without top-k take the fused
+    /// A verifier whose positions without top-k take the fused
     /// full-vocabulary path (as [`crate::Sampler::with_fused_above`]) once
     /// more than `candidates` tokens are within reach of a non-zero weight.
     /// A tuning knob only: every accepted length, token and log-probability
@@ -256,10 +258,8 @@ impl Verifier {
         self.history.clear();
         self.history.extend_from_slice(req.history);
         self.history.extend_from_slice(&req.draft_tokens[..i]);
-        // Greedy positions need the best-ranked token, which only the listing
-        // gives; top-k rows list at most k tokens anyway.
-        let stochastic = req.mode == VerifyMode::Stochastic && q.is_some();
-        let limit = if stochastic && params.top_k == 0 {
+        // Top-k rows list at most k tokens anyway.
+        let limit = if params.top_k == 0 {
             self.fused_above
         } else {
             usize::MAX
@@ -276,13 +276,27 @@ impl Verifier {
         )?;
         let pos = req.position.wrapping_add(i as u64);
         let n = req.draft_tokens.len();
-        if let (Some(l_max), Some(q)) = (overflow, q) {
+        if let Some(l_max) = overflow {
             let Scratch { adjust, fused, .. } = &mut self.scratch;
             let row = Row {
                 logits,
                 mask,
                 adjust,
                 params,
+            };
+            let d = weigh_full(&row, l_max, params, fused);
+            let Some(q) = q.filter(|_| req.mode == VerifyMode::Stochastic) else {
+                // Greedy: the best-ranked token is the first with the maximum.
+                let top = Cand {
+                    id: first_max(&row, l_max),
+                    l: l_max,
+                    w: WEIGHT_ONE,
+                };
+                if i < n && req.draft_tokens[i] == top.id {
+                    let w = weight_full(&row, &d, top.id, fused);
+                    return Ok(Step::new(Cand { w, ..top }, d.total, true));
+                }
+                return Ok(Step::new(top, d.total, false));
             };
             let d = weigh_full(&row, l_max, params, fused);
             if i == n {

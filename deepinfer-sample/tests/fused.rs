@@ -363,16 +363,27 @@ fn verify_case() -> impl Strategy<Value = VerifyCase> {
 }
 
 fn check_verify<L: LogitValue>(c: &VerifyCase, target: &[L]) -> Result<(), TestCaseError> {
+    check_verify_mode(c, target, VerifyMode::Stochastic, Some(&c.q))?;
+    check_verify_mode(c, target, VerifyMode::Greedy, Some(&c.q))?;
+    check_verify_mode(c, target, VerifyMode::Greedy, None)
+}
+
+fn check_verify_mode<L: LogitValue>(
+    c: &VerifyCase,
+    target: &[L],
+    mode: VerifyMode,
+    draft_probs: Option<&[f32]>,
+) -> Result<(), TestCaseError> {
     let req = VerifyRequest {
         target_logits: target,
         vocab: c.vocab,
         draft_tokens: &c.drafts,
-        draft_probs: Some(&c.q),
+        draft_probs,
         masks: c.masks.as_deref(),
         history: &c.history,
         position: c.position,
         params: &c.params,
-        mode: VerifyMode::Stochastic,
+        mode,
     };
     let fused = Verifier::with_fused_above(0).verify(&req);
     let listed = Verifier::with_fused_above(usize::MAX).verify(&req);
@@ -463,6 +474,18 @@ fn full_vocabulary_verification_takes_the_fused_path_and_matches() {
                 let listed = Verifier::with_fused_above(usize::MAX).verify(&req).unwrap();
                 assert_eq!(fused, listed, "flat {flat} top_p {top_p} min_p {min_p}");
                 accepted[fused.accepted] += 1;
+                let greedy = VerifyRequest {
+                    mode: VerifyMode::Greedy,
+                    ..req
+                };
+                let fused = Verifier::new().verify(&greedy).unwrap();
+                let listed = Verifier::with_fused_above(usize::MAX)
+                    .verify(&greedy)
+                    .unwrap();
+                assert_eq!(
+                    fused, listed,
+                    "greedy flat {flat} top_p {top_p} min_p {min_p}"
+                );
             }
         }
     }
