@@ -298,11 +298,77 @@ fn bench_verify_full(c: &mut Criterion) {
     }
 }
 
+/// 64 greedy rows, one thread, against a plain streaming sum of the same
+/// rows (same run). "cold": 64 distinct rows (33 MB of f32, from memory);
+/// "hot": 2 rows sampled 32 times each (from cache), which shows the
+/// compute cost. f32 and bf16 logits.
+fn bench_greedy(c: &mut Criterion) {
+    const GREEDY_ROWS: usize = 64;
+    let mut g = c.benchmark_group("greedy_64x129280");
+    g.sample_size(10).measurement_time(Duration::from_secs(2));
+    let params: Vec<SamplingParams> = (0..GREEDY_ROWS)
+        .map(|i| SamplingParams {
+            seed: i as u64,
+            ..SamplingParams::greedy()
+        })
+        .collect();
+    for (name, distinct) in [("cold", GREEDY_ROWS), ("hot", 2)] {
+        let data = logits(distinct * VOCAB, 7);
+        let bdata: Vec<half::bf16> = data.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let row = |i: usize| (i % distinct) * VOCAB..(i % distinct + 1) * VOCAB;
+        let reqs: Vec<SampleRequest<'_, f32>> = (0..GREEDY_ROWS)
+            .map(|i| SampleRequest {
+                logits: &data[row(i)],
+                mask: None,
+                history: &[],
+                position: 100,
+                params: &params[i],
+            })
+            .collect();
+        let breqs: Vec<SampleRequest<'_, half::bf16>> = (0..GREEDY_ROWS)
+            .map(|i| SampleRequest {
+                logits: &bdata[row(i)],
+                mask: None,
+                history: &[],
+                position: 100,
+                params: &params[i],
+            })
+            .collect();
+        g.bench_function(format!("{name}/f32_sum_floor"), |b| {
+            b.iter(|| {
+                let t: Vec<f32> = reqs.iter().map(|r| row_sum(r.logits)).collect();
+                black_box(t)
+            })
+        });
+        let mut sampler = Sampler::new();
+        g.bench_function(format!("{name}/f32_sampler"), |b| {
+            b.iter(|| {
+                let t: Vec<u32> = reqs
+                    .iter()
+                    .map(|r| sampler.sample(r).unwrap().token)
+                    .collect();
+                black_box(t)
+            })
+        });
+        g.bench_function(format!("{name}/bf16_sampler"), |b| {
+            b.iter(|| {
+                let t: Vec<u32> = breqs
+                    .iter()
+                    .map(|r| sampler.sample(r).unwrap().token)
+                    .collect();
+                black_box(t)
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_sample,
     bench_full_vocab,
     bench_verify,
-    bench_verify_full
+    bench_verify_full,
+    bench_greedy
 );
 criterion_main!(benches);
