@@ -7,7 +7,7 @@
 //! coefficients); nothing here ran on a GPU. The scheduler starts with a wrong
 //! cost model and refits it online from the simulated step times.
 //!
-//! `cargo run --release -p deepinfer-sched --example simulate -- [rate_per_s] [seconds] [budget_ms]`
+//! `cargo run --release -p deepinfer-sched --example serving_sim -- [rate_per_s] [seconds] [budget_ms]`
 
 use std::collections::HashMap;
 
