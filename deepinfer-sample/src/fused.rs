@@ -261,38 +261,48 @@ pub(crate) struct FullDist {
     pub total: u64,
 }
 
-/// Draw one token of a row whose allowed adjusted logits have maximum `l_max`
-/// (all finite; checked by the caller's scan), with top-k off. Returns the
-/// chosen token (id, adjusted logit, weight) and the total surviving weight:
-/// exactly what the listing path gives.
-pub(crate) fn draw_full<L: LogitValue>(
-    row: &Row<'_, L>,
-    l_max: f32,
-    params: &SamplingParams,
-    stream: &mut PhiloxStream,
-    s: &mut FusedScratch,
-) -> (Cand, u64) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { draw_full_avx2(row, l_max, params, stream, s) };
-    }
-    draw_full_body(row, l_max, params, stream, s)
+/// Defines `$name`, which runs `$body` compiled for AVX2 (8 lanes instead of
+/// 4) when the CPU has it, and the baseline build otherwise. Both builds do
+/// the same IEEE operations in the same order (Rust never contracts
+/// `a * b + c` into an FMA), so they give the same bits; the bodies are
+/// `#[inline(always)]` so each build gets its own vectorised copy.
+macro_rules! avx2_dispatch {
+    (
+        $(#[$doc:meta])*
+        $vis:vis fn $name:ident / $avx:ident => $body:ident
+        <$g:ident: $bound:path> ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?
+    ) => {
+        $(#[$doc])*
+        $vis fn $name<$g: $bound>($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2 (checked just above).
+                return unsafe { $avx($($arg),*) };
+            }
+            $body($($arg),*)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        fn $avx<$g: $bound>($($arg: $ty),*) $(-> $ret)? {
+            $body($($arg),*)
+        }
+    };
 }
 
-/// [`draw_full`] compiled for AVX2 (8 lanes instead of 4). The same IEEE
-/// operations in the same order (Rust never contracts `a * b + c` into an
-/// FMA), so the same bits as the baseline build.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn draw_full_avx2<L: LogitValue>(
-    row: &Row<'_, L>,
-    l_max: f32,
-    params: &SamplingParams,
-    stream: &mut PhiloxStream,
-    s: &mut FusedScratch,
-) -> (Cand, u64) {
-    draw_full_body(row, l_max, params, stream, s)
+avx2_dispatch! {
+    /// Draw one token of a row whose allowed adjusted logits have maximum `l_max`
+    /// (all finite; checked by the caller's scan), with top-k off. Returns the
+    /// chosen token (id, adjusted logit, weight) and the total surviving weight:
+    /// exactly what the listing path gives.
+    pub(crate) fn draw_full / draw_full_avx2 => draw_full_body
+    <L: LogitValue> (
+        row: &Row<'_, L>,
+        l_max: f32,
+        params: &SamplingParams,
+        stream: &mut PhiloxStream,
+        s: &mut FusedScratch
+    ) -> (Cand, u64)
 }
 
 #[inline(always)]
@@ -308,32 +318,16 @@ fn draw_full_body<L: LogitValue>(
     (pick_full(row, &d, target, s), d.total)
 }
 
-/// Weigh a row for the fused path (see [`draw_full`] for the conditions):
-/// block sums of the survivors and the total.
-pub(crate) fn weigh_full<L: LogitValue>(
-    row: &Row<'_, L>,
-    l_max: f32,
-    params: &SamplingParams,
-    s: &mut FusedScratch,
-) -> FullDist {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { weigh_full_avx2(row, l_max, params, s) };
-    }
-    weigh_full_body(row, l_max, params, s)
-}
-
-/// [`weigh_full`] compiled for AVX2 (same bits, see [`draw_full_avx2`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn weigh_full_avx2<L: LogitValue>(
-    row: &Row<'_, L>,
-    l_max: f32,
-    params: &SamplingParams,
-    s: &mut FusedScratch,
-) -> FullDist {
-    weigh_full_body(row, l_max, params, s)
+avx2_dispatch! {
+    /// Weigh a row for the fused path (see [`draw_full`] for the conditions):
+    /// block sums of the survivors and the total.
+    pub(crate) fn weigh_full / weigh_full_avx2 => weigh_full_body
+    <L: LogitValue> (
+        row: &Row<'_, L>,
+        l_max: f32,
+        params: &SamplingParams,
+        s: &mut FusedScratch
+    ) -> FullDist
 }
 
 #[inline(always)]
@@ -480,33 +474,17 @@ pub(crate) fn weight_full<L: LogitValue>(
     if a >= d.k.floor_a { join(hi, lo) } else { 0 }
 }
 
-/// Residual weights `residual_weight(w, q, total)` of every survivor, summed
-/// per block into the scratch; returns their total. `q` (one value per
-/// token) must be valid (finite, in `[0, 1]`) everywhere.
-pub(crate) fn residual_full<L: LogitValue>(
-    row: &Row<'_, L>,
-    d: &FullDist,
-    q: &[f32],
-    s: &mut FusedScratch,
-) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { residual_full_avx2(row, d, q, s) };
-    }
-    residual_full_body(row, d, q, s)
-}
-
-/// [`residual_full`] compiled for AVX2 (same bits, see [`draw_full_avx2`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn residual_full_avx2<L: LogitValue>(
-    row: &Row<'_, L>,
-    d: &FullDist,
-    q: &[f32],
-    s: &mut FusedScratch,
-) -> u64 {
-    residual_full_body(row, d, q, s)
+avx2_dispatch! {
+    /// Residual weights `residual_weight(w, q, total)` of every survivor, summed
+    /// per block into the scratch; returns their total. `q` (one value per
+    /// token) must be valid (finite, in `[0, 1]`) everywhere.
+    pub(crate) fn residual_full / residual_full_avx2 => residual_full_body
+    <L: LogitValue> (
+        row: &Row<'_, L>,
+        d: &FullDist,
+        q: &[f32],
+        s: &mut FusedScratch
+    ) -> u64
 }
 
 /// `residual_weight` of the verifier, inlined here so it vectorises.
@@ -697,35 +675,18 @@ fn weigh_top_p<L: LogitValue>(
     (edge, s.blocks.iter().sum())
 }
 
-/// The `n` best survivors by weight (ties by id), best first, into `out`:
-/// what the listing path reports as alternatives for
-/// [`crate::LogprobSource::Sampled`]. Fewer when fewer tokens survive.
-pub(crate) fn top_survivors<L: LogitValue>(
-    row: &Row<'_, L>,
-    d: &FullDist,
-    n: usize,
-    s: &FusedScratch,
-    out: &mut Vec<Cand>,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { top_survivors_avx2(row, d, n, s, out) };
-    }
-    top_survivors_body(row, d, n, s, out)
-}
-
-/// [`top_survivors`] compiled for AVX2 (same bits, see [`draw_full_avx2`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn top_survivors_avx2<L: LogitValue>(
-    row: &Row<'_, L>,
-    d: &FullDist,
-    n: usize,
-    s: &FusedScratch,
-    out: &mut Vec<Cand>,
-) {
-    top_survivors_body(row, d, n, s, out)
+avx2_dispatch! {
+    /// The `n` best survivors by weight (ties by id), best first, into `out`:
+    /// what the listing path reports as alternatives for
+    /// [`crate::LogprobSource::Sampled`]. Fewer when fewer tokens survive.
+    pub(crate) fn top_survivors / top_survivors_avx2 => top_survivors_body
+    <L: LogitValue> (
+        row: &Row<'_, L>,
+        d: &FullDist,
+        n: usize,
+        s: &FusedScratch,
+        out: &mut Vec<Cand>
+    )
 }
 
 #[inline(always)]
