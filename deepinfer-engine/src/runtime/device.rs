@@ -239,51 +239,39 @@ where
 
     // Forward: first pieces of every plain row group, then the second halves of split
     // groups (after a snapshot point), then the rows verifying drafts (logits of every row).
-    let first = |s: &JobSeq<B::Tensor>, x: &Scratch<B::Tensor>| {
-        (x.drafts == 0).then(|| 0..s.split.unwrap_or(s.dev.rows.len()))
-    };
-    let second = |s: &JobSeq<B::Tensor>, x: &Scratch<B::Tensor>| {
-        (x.drafts == 0)
-            .then_some(s.split)
-            .flatten()
-            .map(|k| k..s.dev.rows.len())
-    };
-    let spec = |s: &JobSeq<B::Tensor>, x: &Scratch<B::Tensor>| {
-        (x.drafts > 0).then_some(0..s.dev.rows.len())
-    };
-    forward_set(
-        model,
-        cfg,
-        reserve,
-        &mut seqs,
-        &mut sc,
-        first,
-        Logits::Last,
-        &mut st,
-        &mut snapshots,
-    )?;
-    forward_set(
-        model,
-        cfg,
-        reserve,
-        &mut seqs,
-        &mut sc,
-        second,
-        Logits::Last,
-        &mut st,
-        &mut snapshots,
-    )?;
-    forward_set(
-        model,
-        cfg,
-        reserve,
-        &mut seqs,
-        &mut sc,
-        spec,
-        Logits::All,
-        &mut st,
-        &mut snapshots,
-    )?;
+    type Pick<T> = fn(&JobSeq<T>, &Scratch<T>) -> Option<std::ops::Range<usize>>;
+    let passes: [(Pick<B::Tensor>, Logits); 3] = [
+        (
+            |s, x| (x.drafts == 0).then(|| 0..s.split.unwrap_or(s.dev.rows.len())),
+            Logits::Last,
+        ),
+        (
+            |s, x| {
+                (x.drafts == 0)
+                    .then_some(s.split)
+                    .flatten()
+                    .map(|k| k..s.dev.rows.len())
+            },
+            Logits::Last,
+        ),
+        (
+            |s, x| (x.drafts > 0).then_some(0..s.dev.rows.len()),
+            Logits::All,
+        ),
+    ];
+    for (pick, which) in passes {
+        forward_set(
+            model,
+            cfg,
+            reserve,
+            &mut seqs,
+            &mut sc,
+            pick,
+            which,
+            &mut st,
+            &mut snapshots,
+        )?;
+    }
 
     // Verify drafts (fixed length: each row's path depends on its own data only).
     let tv = Instant::now();
