@@ -276,28 +276,7 @@ impl UpdateResult {
         if self.later_fixes.is_empty() {
             return;
         }
-        let mut pos = std::collections::HashMap::new();
-        let mut cancel = std::collections::HashSet::new();
-        for f in &self.later_fixes {
-            match *f {
-                PlanFix::Cancel(r) => {
-                    cancel.insert(r);
-                }
-                PlanFix::Position { request, position } => {
-                    pos.insert(request, position);
-                }
-            }
-        }
-        plan.prefill.retain(|c| !cancel.contains(&c.request));
-        plan.decode.retain(|d| !cancel.contains(&d.request));
-        for d in &mut plan.decode {
-            if let Some(&p) = pos.get(&d.request) {
-                d.position = p;
-                d.provisional = false;
-            }
-        }
-        plan.num_tokens = plan.prefill.iter().map(|c| c.len).sum::<usize>()
-            + plan.decode.iter().map(|d| 1 + d.drafts).sum::<usize>();
+        apply_fixes(&self.later_fixes, plan, false);
     }
 
     /// Apply the fixes to the pending plan: drop cancelled row groups, set the
@@ -306,27 +285,35 @@ impl UpdateResult {
         if self.fixes.is_empty() && !plan.decode.iter().any(|d| d.provisional) {
             return;
         }
-        let mut pos = std::collections::HashMap::new();
-        let mut cancel = std::collections::HashSet::new();
-        for f in &self.fixes {
-            match *f {
-                PlanFix::Cancel(r) => {
-                    cancel.insert(r);
-                }
-                PlanFix::Position { request, position } => {
-                    pos.insert(request, position);
-                }
+        apply_fixes(&self.fixes, plan, true);
+    }
+}
+
+/// Drop the cancelled row groups of `plan`, set the confirmed positions (those rows are no
+/// longer provisional) and recount its tokens; with `confirm_all`, every row is confirmed.
+fn apply_fixes(fixes: &[PlanFix], plan: &mut StepPlan, confirm_all: bool) {
+    let mut pos = std::collections::HashMap::new();
+    let mut cancel = std::collections::HashSet::new();
+    for f in fixes {
+        match *f {
+            PlanFix::Cancel(r) => {
+                cancel.insert(r);
+            }
+            PlanFix::Position { request, position } => {
+                pos.insert(request, position);
             }
         }
-        plan.prefill.retain(|c| !cancel.contains(&c.request));
-        plan.decode.retain(|d| !cancel.contains(&d.request));
-        for d in &mut plan.decode {
-            if let Some(&p) = pos.get(&d.request) {
-                d.position = p;
-            }
+    }
+    plan.prefill.retain(|c| !cancel.contains(&c.request));
+    plan.decode.retain(|d| !cancel.contains(&d.request));
+    for d in &mut plan.decode {
+        if let Some(&p) = pos.get(&d.request) {
+            d.position = p;
+            d.provisional = false;
+        } else if confirm_all {
             d.provisional = false;
         }
-        plan.num_tokens = plan.prefill.iter().map(|c| c.len).sum::<usize>()
-            + plan.decode.iter().map(|d| 1 + d.drafts).sum::<usize>();
     }
+    plan.num_tokens = plan.prefill.iter().map(|c| c.len).sum::<usize>()
+        + plan.decode.iter().map(|d| 1 + d.drafts).sum::<usize>();
 }
