@@ -612,6 +612,28 @@ impl BlockManager {
         self.append_token_slow(h, token).map(|_| ())
     }
 
+    /// Appends committed tokens to the sequence of `h` without reporting their slots, allocating
+    /// blocks as needed (all or nothing). For callers that keep each sequence's token ids
+    /// themselves and track block room on their own: they may hand a block's tokens over in one
+    /// call (for instance when it fills, before [`BlockManager::mark_computed_by_handle`]) instead
+    /// of one call per token, as long as every token is handed over before anything reads the
+    /// sequence's length or tokens, and no block is needed past the ones already held.
+    pub fn extend_by_handle(&mut self, h: SeqHandle, tokens: &[u32]) -> Result<()> {
+        let bs = self.cfg.block_size;
+        let s = Self::seq_mut(&mut self.seqs, h.index as usize, h.id)?;
+        if s.committed != s.tokens.len() {
+            return Err(KvError::DraftsPending(h.id));
+        }
+        let need = div_ceil(s.tokens.len() + tokens.len(), bs).saturating_sub(s.blocks.len());
+        if need > 0 {
+            // All or nothing: allocate_n checks availability before taking any block.
+            self.pool.allocate_n(need, &mut s.blocks)?;
+        }
+        s.tokens.extend_from_slice(tokens);
+        s.committed = s.tokens.len();
+        Ok(())
+    }
+
     /// Hint that the sequence of `h` is about to be appended to: asks the CPU for its table
     /// entry and, when `tail` is set, for the end of its token list too (which reads the entry,
     /// so call it with `tail` a few rows after the entry-only hint). Changes nothing; callers

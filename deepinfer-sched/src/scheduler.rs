@@ -179,10 +179,12 @@ struct Req {
     has_stops: bool,
     /// `confidences` is not empty.
     has_confs: bool,
-    /// The last token of `tokens` (the next decode input), kept here so the
-    /// schedule does not read the end of the history.
-    last_token: u32,
     // Cold.
+    /// Tokens of the history handed to the KV sequence so far (`<= kv_len`).
+    /// A steady decode row only counts its input in `kv_len`; the tokens go
+    /// to the block manager in one call per block (see `sync_kv`), so a decode
+    /// step touches no per-sequence state of the manager.
+    kv_synced: usize,
     prompt_len: usize,
     max_new_tokens: usize,
     stop_tokens: Vec<u32>,
@@ -326,8 +328,10 @@ pub struct Scheduler {
     running: Vec<u32>,
     /// One bit per running slot: finished during the current `update`.
     finished_mask: Vec<u64>,
-    /// Blocks filled during an update walk, reported in one batch.
+    /// Blocks filled during an update walk, reported in one batch, and the
+    /// running slots of their requests.
     computed_batch: Vec<(SeqHandle, usize)>,
+    computed_slots: Vec<u32>,
     /// Blocks reserved by provisional rows of pending plans, not yet
     /// materialised (admissions and appends leave them free).
     pending_reserve: usize,
@@ -369,7 +373,6 @@ fn take_sampled(r: &mut Req, toks: &[u32], confs: &[f64], stop: bool) -> Option<
     }
     for &t in toks {
         r.tokens.push(t);
-        r.last_token = t;
         if r.has_stops && r.stop_tokens.contains(&t) {
             return Some(FinishReason::Stop);
         }
@@ -378,6 +381,19 @@ fn take_sampled(r: &mut Req, toks: &[u32], confs: &[f64], stop: bool) -> Option<
         }
     }
     stop.then_some(FinishReason::Stop)
+}
+
+/// Hands the tokens a request's KV sequence holds but the block manager has
+/// not been given yet (steady decode rows only count them) to the manager.
+/// Allocates nothing: the request's blocks already cover them.
+fn sync_kv(kv: &mut BlockManager, r: &mut Req) -> Result<(), KvError> {
+    if r.kv_synced < r.kv_len
+        && let Some(h) = r.kv
+    {
+        kv.extend_by_handle(h, &r.tokens[r.kv_synced..r.kv_len])?;
+        r.kv_synced = r.kv_len;
+    }
+    Ok(())
 }
 
 /// Blocks a sequence with `room` free slots in its last block allocates to
@@ -426,6 +442,7 @@ impl Scheduler {
             running: Vec::new(),
             finished_mask: Vec::new(),
             computed_batch: Vec::new(),
+            computed_slots: Vec::new(),
             pending_reserve: 0,
             steps_since_compact: 0,
             perm_scratch: Vec::new(),
@@ -546,7 +563,6 @@ impl Scheduler {
         let arrival = self.next_arrival;
         self.next_arrival += 1;
         let prompt_len = r.prompt.len();
-        let last_token = r.prompt.last().copied().unwrap_or(0);
         let req = Req {
             id: r.id,
             prompt_len,
@@ -555,7 +571,6 @@ impl Scheduler {
             limit: (prompt_len + r.max_new_tokens).min(self.max_len),
             has_stops: !r.stop_tokens.is_empty(),
             has_confs: false,
-            last_token,
             stop_tokens: r.stop_tokens,
             priority: r.priority,
             arrival,
@@ -566,6 +581,7 @@ impl Scheduler {
             kv_drafts: 0,
             kv: None,
             kv_room: 0,
+            kv_synced: 0,
             next_full: 0,
             inflight: 0,
             sampling_rows: 0,
@@ -607,6 +623,7 @@ impl Scheduler {
         r.incarnation = r.incarnation.wrapping_add(1);
         r.scheduled = 0;
         r.kv_len = 0;
+        r.kv_synced = 0;
         r.kv_drafts = 0;
         r.kv = None;
         if had {
@@ -655,6 +672,10 @@ impl Scheduler {
             return Err(SchedError::InvalidConfig(format!(
                 "request {parent} can be forked only while running and not in flight"
             )));
+        }
+        // The manager's copy of the parent's tokens must be complete before it is shared.
+        if let Some(Some(p)) = self.slots.get_mut(ploc.slot as usize) {
+            sync_kv(&mut self.kv, p)?;
         }
         let copy = self.kv.fork(parent, child)?;
         let mut c = self.req(ploc.slot).clone();
@@ -784,33 +805,24 @@ impl Scheduler {
             if seqs_left == 0 || tokens_left == 0 {
                 break;
             }
-            // Prefetch: the request records 8 rows ahead, their KV entries 4 rows
-            // ahead (the loads each row waits for; the token writes do not stall).
-            // The KV entries 4 rows ahead: the load each row waits for (the slab
-            // is walked in order, its token writes do not stall).
-            if let Some(&s4) = self.running.get(i + 4)
-                && let Some(Some(r4)) = self.slots.get(s4 as usize)
-                && let Some(h) = r4.kv
-            {
-                self.kv.prefetch(h, false);
-            }
             let slot = self.running[i];
             // Steady decode: the input token is known, no drafts, room in the last
-            // block. It reads and writes only the request's hot lines, the end of
-            // its KV sequence and the two row lists; blocks are allocated (and
-            // checked against reservations) on the general path, once per block.
+            // block. It reads and writes only the request's hot lines and the two
+            // row lists (the input joins the KV sequence in the block's batch, see
+            // `sync_kv`); blocks are allocated (and checked against reservations)
+            // on the general path, once per block.
             if no_drafts
                 && reserved_blocks <= self.kv.pool().num_free()
                 && let Some(r) = self.slots[slot as usize].as_mut()
                 && r.scheduled + 1 == r.tokens.len()
+                && r.kv_len == r.scheduled
                 && r.kv_room > 0
-                && let Some(h) = r.kv
-                && self.kv.push_token(h, r.last_token).is_ok()
+                && r.kv_drafts == 0
+                && r.kv.is_some()
             {
                 let position = r.scheduled;
                 r.kv_len += 1;
                 r.kv_room -= 1;
-                r.kv_drafts = 0;
                 r.scheduled = position + 1;
                 r.inflight += 1;
                 r.sampling_rows += 1;
@@ -1076,6 +1088,7 @@ impl Scheduler {
             let mut r = self.take(ploc);
             r.tokens.reserve(extra);
             r.kv_len = known;
+            r.kv_synced = known;
             r.kv_drafts = 0;
             r.kv = handle;
             r.kv_room = nblocks * bs - known;
@@ -1161,16 +1174,15 @@ impl Scheduler {
         // the reservation check it needs) happens at block boundaries only.
         if k == 0
             && let Some(r) = self.slots[slot as usize].as_mut()
+            && r.kv_len + 1 == r.tokens.len()
             && r.kv_room > 0
+            && r.kv_drafts == 0
             && reserved <= self.kv.pool().num_free()
-            && let Some(h) = r.kv
+            && r.kv.is_some()
         {
-            if self.kv.push_token(h, r.last_token).is_err() {
-                return false;
-            }
+            // The input joins the KV sequence with its block's batch (`sync_kv`).
             r.kv_len += 1;
             r.kv_room -= 1;
-            r.kv_drafts = 0;
             return true;
         }
         self.append_rows_slow(slot, k, reserved)
@@ -1183,16 +1195,24 @@ impl Scheduler {
         let Some(r) = self.slots[slot as usize].as_mut() else {
             return false;
         };
-        let need = blocks_to_grow(r.kv_room, 1 + k, bs);
+        // The input needs a slot unless the KV sequence holds it already: the
+        // last prompt token, when the prompt's chunks stopped one short of it
+        // (the sequence was allocated with the whole prompt).
+        let input = usize::from(r.kv_len < r.tokens.len());
+        let need = blocks_to_grow(r.kv_room, input + k, bs);
         if need + reserved > free {
             return false;
         }
         let Some(h) = r.kv else { return false };
-        if self.kv.push_token(h, r.last_token).is_err() {
+        // The tokens counted but not yet handed over, then the input itself.
+        let last = r.tokens.last().copied().unwrap_or(0);
+        if sync_kv(&mut self.kv, r).is_err() || (input == 1 && self.kv.push_token(h, last).is_err())
+        {
             return false;
         }
-        r.kv_len += 1;
-        r.kv_room = r.kv_room + need * bs - 1 - k;
+        r.kv_len += input;
+        r.kv_synced = r.kv_len;
+        r.kv_room = r.kv_room + need * bs - input - k;
         if k > 0 {
             self.slot_scratch.clear();
             let mut left = k;
@@ -1322,6 +1342,7 @@ impl Scheduler {
         let mut cur = OutCursor::default();
         // Left over only if an earlier update failed half way.
         self.computed_batch.clear();
+        self.computed_slots.clear();
         let mut any_finished = false;
         for fr in flight.prefill.iter().filter(|f| !f.cancelled) {
             let (o, toks, confs) = cur.next(out);
@@ -1351,10 +1372,10 @@ impl Scheduler {
                     if r.kv_len >= r.next_full {
                         // Reported in one batch after the walk (see `flush_computed`).
                         self.computed_batch.push((h, r.kv_len));
+                        self.computed_slots.push(fr.slot);
                         r.next_full = next_block_end(r.kv_len, self.kv.block_size());
                     }
                     r.tokens.push(t);
-                    r.last_token = t;
                     let reason = if r.has_stops && r.stop_tokens.contains(&t) {
                         Some(FinishReason::Stop)
                     } else if r.tokens.len() >= r.limit {
@@ -1445,6 +1466,7 @@ impl Scheduler {
         if let Some(h) =
             r.kv.filter(|_| !loc.parked && r.incarnation == fr.incarnation)
         {
+            sync_kv(&mut self.kv, r)?;
             self.kv.mark_computed_by_handle(h, fr.start + fr.len)?;
         }
         Ok(match take_sampled(r, toks, confs, stop) {
@@ -1489,6 +1511,8 @@ impl Scheduler {
                 if let Some(c) = self.kv.commit_drafts(r.id, &toks[..n])? {
                     self.pending_copies.push(c);
                 }
+                // The manager holds the committed tokens and these `n` now.
+                r.kv_synced = r.kv_len + n;
                 r.kv_room = room_after(r.kv_len + n, bs);
                 r.kv_drafts = 0;
             }
@@ -1497,6 +1521,7 @@ impl Scheduler {
             r.scheduled += accepted;
             // Only full blocks become cacheable: tell the manager when one fills.
             if r.kv_len >= r.next_full {
+                sync_kv(&mut self.kv, r)?;
                 self.kv.mark_computed_by_handle(h, r.kv_len)?;
                 r.next_full = next_block_end(r.kv_len, self.kv.block_size());
             }
@@ -1514,8 +1539,20 @@ impl Scheduler {
         if self.computed_batch.is_empty() {
             return Ok(());
         }
-        let r = self.kv.mark_computed_batch(&self.computed_batch);
+        // Hand each filled block's tokens to the manager first (entries asked
+        // for ahead, so their cache misses overlap).
+        for &(h, _) in &self.computed_batch {
+            self.kv.prefetch(h, false);
+        }
+        let mut synced = Ok(());
+        for &slot in &self.computed_slots {
+            if let Some(Some(r)) = self.slots.get_mut(slot as usize) {
+                synced = synced.and(sync_kv(&mut self.kv, r));
+            }
+        }
+        let r = synced.and_then(|()| self.kv.mark_computed_batch(&self.computed_batch));
         self.computed_batch.clear();
+        self.computed_slots.clear();
         Ok(r?)
     }
 

@@ -139,6 +139,15 @@ fn simulate_with(
             queue.push_back(s.schedule().unwrap());
         }
         let res = s.update(&out).unwrap();
+        // The block manager's committed tokens are each history's prefix (the
+        // scheduler hands decode inputs over a block at a time).
+        for i in 0..w.reqs.len() as RequestId {
+            if let (Some(h), Ok(kt), Ok(c)) =
+                (s.tokens(i), s.kv().tokens(i), s.kv().num_committed(i))
+            {
+                assert!(c <= h.len() && kt[..c] == h[..c], "request {i}");
+            }
+        }
         done.extend(res.finished.iter().cloned());
         if let Some(p) = queue.get_mut(0) {
             res.apply_to(p);
