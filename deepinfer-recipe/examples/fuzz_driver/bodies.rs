@@ -98,6 +98,7 @@ pub fn grammar(data: &[u8]) {
     let vocab = Arc::new(GrammarVocab::new(tokens, &[256], &[]));
     let backend = RegexBackend {
         dfa_size_limit: 4 << 20,
+        max_depth: 64,
     };
     let Ok(grammar) = backend.compile(&spec, &vocab) else {
         return;

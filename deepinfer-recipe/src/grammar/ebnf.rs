@@ -8,16 +8,23 @@
 //! `( ... )`, alternation `|`, and the postfix operators `*` `+` `?` `{m}`
 //! `{m,}` `{m,n}`. `#` starts a comment.
 //!
-//! A DFA cannot count, so a rule that refers to itself (directly or through
-//! others) is expanded to at most [`MAX_RECURSION`] nested levels; at the
-//! last level its recursive alternatives are dropped. A grammar whose start
-//! rule then accepts nothing is an [`GrammarError::Unsatisfiable`] error, and
-//! one that expands past [`MAX_PATTERN`] bytes a [`GrammarError::Compile`]
-//! error.
+//! Grammars without recursion become one regular expression
+//! ([`Ebnf::to_regex`], matched by the DFA backend). Grammars where a rule
+//! refers to itself (directly or through others) become [`Rules`] for the
+//! pushdown matcher ([`Ebnf::to_rules`]): every rule that takes part in
+//! recursion stays a rule, called through a marker, and everything else is
+//! inlined, so recursion is exact. [`Ebnf::to_regex`] on a recursive grammar
+//! still expands each recursive rule to at most [`MAX_RECURSION`] nested
+//! levels (dropping its recursive alternatives at the last level). A grammar
+//! whose start rule accepts nothing is an [`GrammarError::Unsatisfiable`]
+//! error, one that expands past [`MAX_PATTERN`] bytes a
+//! [`GrammarError::Compile`] error, and a left-recursive rule (`a ::= a "x"
+//! | "y"`) an [`GrammarError::Unsupported`] error from the pushdown backend.
 
 use std::collections::HashMap;
 
 use super::GrammarError;
+use super::pushdown::Rules;
 
 /// Nested expansions of one recursive rule.
 pub const MAX_RECURSION: usize = 4;
@@ -338,13 +345,84 @@ impl Ebnf {
     /// The whole-output regular expression of the grammar.
     pub fn to_regex(&self) -> Result<String, GrammarError> {
         let mut stack = Vec::new();
-        match self.expand(&Expr::Rule(self.root.clone()), &mut stack)? {
+        match self.expand(&Expr::Rule(self.root.clone()), &mut stack, &HashMap::new())? {
             Fragment::Pattern(pattern) => Ok(pattern),
             Fragment::Never => Err(GrammarError::Unsatisfiable),
         }
     }
 
-    fn expand(&self, expr: &Expr, stack: &mut Vec<String>) -> Result<Fragment, GrammarError> {
+    /// Whether some rule refers to itself, directly or through others.
+    pub fn is_recursive(&self) -> bool {
+        !self.recursive_rules().is_empty()
+    }
+
+    /// Rules that can reach themselves, sorted by name.
+    fn recursive_rules(&self) -> Vec<String> {
+        fn references(expr: &Expr, out: &mut Vec<String>) {
+            match expr {
+                Expr::Rule(name) => out.push(name.clone()),
+                Expr::Seq(items) | Expr::Alt(items) => {
+                    items.iter().for_each(|item| references(item, out))
+                }
+                Expr::Repeat(inner, ..) => references(inner, out),
+                _ => {}
+            }
+        }
+        let mut names: Vec<&String> = self.rules.keys().collect();
+        names.sort();
+        names
+            .into_iter()
+            .filter(|&name| {
+                let mut seen: Vec<String> = Vec::new();
+                let mut todo = Vec::new();
+                references(&self.rules[name], &mut todo);
+                while let Some(next) = todo.pop() {
+                    if &next == name {
+                        return true;
+                    }
+                    if !seen.contains(&next)
+                        && let Some(body) = self.rules.get(&next)
+                    {
+                        references(body, &mut todo);
+                        seen.push(next);
+                    }
+                }
+                false
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The grammar as rules for the pushdown matcher: rule 0 is the start,
+    /// each recursive rule is a rule of its own, the rest is inlined.
+    pub fn to_rules(&self) -> Result<Rules, GrammarError> {
+        let recursive = self.recursive_rules();
+        let mut rules = Rules::new();
+        let start = rules.declare("(start)");
+        let calls: HashMap<String, usize> = recursive
+            .iter()
+            .map(|name| (name.clone(), rules.declare(name.clone())))
+            .collect();
+        let pattern = |fragment| match fragment {
+            Fragment::Pattern(pattern) => pattern,
+            // An empty class: matches nothing.
+            Fragment::Never => "[a&&b]".to_owned(),
+        };
+        let root = self.expand(&Expr::Rule(self.root.clone()), &mut Vec::new(), &calls)?;
+        rules.define(start, pattern(root));
+        for name in &recursive {
+            let body = self.expand(&self.rules[name], &mut Vec::new(), &calls)?;
+            rules.define(calls[name], pattern(body));
+        }
+        Ok(rules)
+    }
+
+    fn expand(
+        &self,
+        expr: &Expr,
+        stack: &mut Vec<String>,
+        calls: &HashMap<String, usize>,
+    ) -> Result<Fragment, GrammarError> {
         let fragment = match expr {
             Expr::Literal(text) => Fragment::Pattern(regex_syntax_escape(text)),
             Expr::Any => Fragment::Pattern("(?s:.)".into()),
@@ -368,6 +446,9 @@ impl Ebnf {
                     Fragment::Pattern(class)
                 }
             }
+            Expr::Rule(name) if calls.contains_key(name) => {
+                Fragment::Pattern(Rules::call(calls[name]))
+            }
             Expr::Rule(name) => {
                 let depth = stack.iter().filter(|open| *open == name).count();
                 if depth >= MAX_RECURSION {
@@ -377,7 +458,7 @@ impl Ebnf {
                     GrammarError::Compile(format!("EBNF rule `{name}` is used but not defined"))
                 })?;
                 stack.push(name.clone());
-                let inner = self.expand(body, stack);
+                let inner = self.expand(body, stack, calls);
                 stack.pop();
                 match inner? {
                     Fragment::Pattern(pattern) => Fragment::Pattern(format!("(?:{pattern})")),
@@ -387,7 +468,7 @@ impl Ebnf {
             Expr::Seq(items) => {
                 let mut pattern = String::new();
                 for item in items {
-                    match self.expand(item, stack)? {
+                    match self.expand(item, stack, calls)? {
                         Fragment::Never => return Ok(Fragment::Never),
                         Fragment::Pattern(part) => pattern.push_str(&part),
                     }
@@ -397,7 +478,7 @@ impl Ebnf {
             Expr::Alt(options) => {
                 let mut parts = Vec::new();
                 for option in options {
-                    if let Fragment::Pattern(part) = self.expand(option, stack)? {
+                    if let Fragment::Pattern(part) = self.expand(option, stack, calls)? {
                         parts.push(part);
                     }
                 }
@@ -407,7 +488,7 @@ impl Ebnf {
                     Fragment::Pattern(format!("(?:{})", parts.join("|")))
                 }
             }
-            Expr::Repeat(inner, min, max) => match self.expand(inner, stack)? {
+            Expr::Repeat(inner, min, max) => match self.expand(inner, stack, calls)? {
                 Fragment::Never if *min == 0 => Fragment::Pattern(String::new()),
                 Fragment::Never => Fragment::Never,
                 Fragment::Pattern(part) => Fragment::Pattern(match (min, max) {

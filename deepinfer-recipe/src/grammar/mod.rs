@@ -1,31 +1,42 @@
 //! Structured outputs: a grammar backend trait, token-bitmask matchers, and a
 //! compile cache with a time limit.
 //!
-//! The backend shipped here ([`RegexBackend`]) is pure Rust: every constraint
-//! becomes a byte-level regular expression, compiled to a dense DFA
-//! (`regex-automata`), and the matcher walks a trie of the vocabulary's token
-//! bytes from the current DFA state to fill the mask (cached per DFA state).
-//! `xgrammar-rs` was not adopted: it builds a large C++ library, far beyond
-//! this workspace's CI budget.
+//! The backend shipped here ([`RegexBackend`]) is pure Rust with two paths.
+//! Constraints without recursion become one byte-level regular expression,
+//! compiled to a dense DFA (`regex-automata`); the matcher walks a trie of
+//! the vocabulary's token bytes from the current DFA state to fill the mask
+//! (cached per DFA state). Constraints with recursion (a recursive `$ref`, a
+//! recursive EBNF rule, `json_object`) become [`Rules`] for a pushdown
+//! matcher ([`PushdownMatcher`]): each recursive rule is a DFA whose calls
+//! to rules are DFA transitions over marker bytes, the matcher keeps a small
+//! set of stacks of return states, and the mask comes from a per-state cache
+//! of the tokens that do not depend on the stack plus a cached re-walk of the
+//! few that do (after XGrammar's adaptive token mask cache). The backend
+//! picks the path itself. Nesting is exact up to an explicit stack-depth cap
+//! ([`RegexBackend::max_depth`], default [`DEFAULT_MAX_DEPTH`]); a token that
+//! would nest deeper is refused with [`GrammarError::DepthLimit`].
 //!
 //! Supported: regular expressions; `json_object` (any JSON object, nesting
-//! bounded by [`JSON_DEPTH`]); a JSON-schema subset (`type` string / number /
+//! exact up to the depth cap); a JSON-schema subset (`type` string / number /
 //! integer / boolean / null / array / object and type lists, `enum`, `const`,
 //! `properties` in declared order with `required`, `items`, `minItems` /
 //! `maxItems`, `minLength` / `maxLength`, `anyOf` / `oneOf`, local `$ref`
-//! without recursion, integer `minimum` / `maximum` / `exclusiveMinimum` /
-//! `exclusiveMaximum`, string `pattern` rewritten to match the JSON-encoded
-//! text); DSML tool-call blocks whose parameters follow each tool's schema
-//! (strict tools); EBNF grammars in the GBNF dialect ([`Ebnf`]), expanded to
-//! a regular expression, recursive rules to a bounded depth. Not supported
-//! (a clear error): recursive schemas, `allOf` with more than one entry,
-//! `patternProperties`, `pattern` with `minLength` / `maxLength`, unbounded
-//! recursion in EBNF. Bounds on `number` are accepted but not enforced
-//! (strict tools reject them).
+//! including recursive ones (trees, linked lists), integer `minimum` /
+//! `maximum` / `exclusiveMinimum` / `exclusiveMaximum`, string `pattern`
+//! rewritten to match the JSON-encoded text); DSML tool-call blocks whose
+//! parameters follow each tool's schema (strict tools); EBNF grammars in the
+//! GBNF dialect ([`Ebnf`]), recursive rules included. Not supported (a clear
+//! error): `allOf` with more than one entry, `patternProperties`, `pattern`
+//! with `minLength` / `maxLength`, left-recursive EBNF rules (`a ::= a "x"`;
+//! write `a ::= "y" "x"*`), recursive `$ref` in strict tool parameters.
+//! Untyped values inside schemas (`{}`, `true`, objects without
+//! `properties`) stay nested at most [`JSON_DEPTH`] deep. Bounds on `number`
+//! are accepted but not enforced (strict tools reject them).
 
 mod dfa;
 mod ebnf;
 mod pattern;
+mod pushdown;
 mod ranges;
 mod schema;
 mod strict;
@@ -39,6 +50,9 @@ use std::time::Duration;
 
 pub use dfa::{CompiledRegex, RegexGrammar, RegexMatcher};
 pub use ebnf::{Ebnf, MAX_PATTERN as EBNF_MAX_PATTERN, MAX_RECURSION as EBNF_MAX_RECURSION};
+pub use pushdown::{
+    CALL_BYTE, CompiledPushdown, DEFAULT_MAX_DEPTH, PushdownGrammar, PushdownMatcher, Rules,
+};
 pub use schema::{JSON_DEPTH, dsml_tool_calls_regex, json_value_regex, schema_regex};
 pub use strict::strict_schema;
 pub use trigger::Triggered;
@@ -68,6 +82,10 @@ pub enum GrammarError {
     /// Rollback beyond the accepted tokens.
     #[error("cannot roll back {0} tokens")]
     Rollback(usize),
+    /// The token would nest recursive rules deeper than the configured
+    /// stack-depth cap ([`RegexBackend::max_depth`]).
+    #[error("the output nests deeper than the limit of {0} levels")]
+    DepthLimit(usize),
 }
 
 /// What to constrain the output to.
@@ -146,18 +164,38 @@ pub trait GrammarBackend: Send + Sync {
     ) -> Result<Arc<dyn CompiledGrammar>, GrammarError>;
 }
 
-/// The pure-Rust regex/DFA backend.
+/// The pure-Rust backend: regex/DFA, and pushdown for recursive grammars.
 #[derive(Debug, Clone)]
 pub struct RegexBackend {
     /// Largest DFA, in bytes.
     pub dfa_size_limit: usize,
+    /// Stack-depth cap of the pushdown matcher (nesting of recursive rules:
+    /// e.g. one level per JSON object or array in `json_object`).
+    pub max_depth: usize,
 }
 
 impl Default for RegexBackend {
     fn default() -> Self {
         Self {
             dfa_size_limit: 256 << 20,
+            max_depth: DEFAULT_MAX_DEPTH,
         }
+    }
+}
+
+impl RegexBackend {
+    fn pushdown(
+        &self,
+        rules: &Rules,
+        vocab: &Arc<GrammarVocab>,
+    ) -> Result<Arc<dyn CompiledGrammar>, GrammarError> {
+        let compiled = CompiledPushdown::new(
+            rules,
+            Arc::clone(vocab),
+            self.dfa_size_limit,
+            self.max_depth,
+        )?;
+        Ok(Arc::new(PushdownGrammar(Arc::new(compiled))))
     }
 }
 
@@ -168,10 +206,19 @@ impl GrammarBackend for RegexBackend {
         vocab: &Arc<GrammarVocab>,
     ) -> Result<Arc<dyn CompiledGrammar>, GrammarError> {
         let pattern = match spec {
-            GrammarSpec::JsonObject => schema::json_object_regex(JSON_DEPTH),
-            GrammarSpec::JsonSchema(schema) => schema_regex(schema)?,
+            GrammarSpec::JsonObject => return self.pushdown(&schema::json_object_rules(), vocab),
+            GrammarSpec::JsonSchema(schema) => match schema::schema_grammar(schema)? {
+                pushdown::Lowered::Regex(pattern) => pattern,
+                pushdown::Lowered::Rules(rules) => return self.pushdown(&rules, vocab),
+            },
             GrammarSpec::Regex(regex) => regex.clone(),
-            GrammarSpec::Ebnf(grammar) => Ebnf::parse(grammar)?.to_regex()?,
+            GrammarSpec::Ebnf(grammar) => {
+                let grammar = Ebnf::parse(grammar)?;
+                if grammar.is_recursive() {
+                    return self.pushdown(&grammar.to_rules()?, vocab);
+                }
+                grammar.to_regex()?
+            }
             GrammarSpec::ToolCalls {
                 format,
                 tools,

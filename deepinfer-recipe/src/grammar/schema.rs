@@ -1,9 +1,13 @@
 //! JSON schemas (a subset), JSON values and DSML tool-call blocks as regular
-//! expressions over output bytes.
+//! expressions over output bytes; schemas with recursive `$ref`s and
+//! `json_object` as [`Rules`] for the pushdown matcher.
+
+use std::collections::HashMap;
 
 use serde_json::Value;
 
 use super::GrammarError;
+use super::pushdown::{Lowered, Rules};
 use super::vocab::SPECIAL_BYTE;
 use crate::conversation::ToolDefinition;
 use crate::render::PromptFormat;
@@ -42,13 +46,73 @@ pub fn json_object_regex(depth: usize) -> String {
     )
 }
 
-/// A regex for JSON documents following `schema`.
+/// Any JSON object, nested without limit: rules for the pushdown matcher.
+pub(crate) fn json_object_rules() -> Rules {
+    let mut rules = Rules::new();
+    let start = rules.declare("(start)");
+    let value = rules.declare("value");
+    let call = Rules::call(value);
+    let members = format!(r"(?:{STRING}{WS}:{WS}{call}(?:{WS},{WS}{STRING}{WS}:{WS}{call})*)?");
+    rules.define(start, format!(r"{WS}\{{{WS}{members}{WS}\}}{WS}"));
+    let object = format!(r"\{{{WS}{members}{WS}\}}");
+    let array = format!(r"\[{WS}(?:{call}(?:{WS},{WS}{call})*)?{WS}\]");
+    let scalar = format!("{STRING}|{NUMBER}|true|false|null");
+    rules.define(value, format!("(?:{scalar}|{object}|{array})"));
+    rules
+}
+
+/// A regex for JSON documents following `schema`. Recursive `$ref`s are an
+/// [`GrammarError::Unsupported`] error here (a regex cannot nest without
+/// bound); the backend compiles them with the pushdown matcher instead.
 pub fn schema_regex(schema: &Value) -> Result<String, GrammarError> {
-    let mut builder = Builder {
-        root: schema,
-        depth: 0,
+    match schema_grammar(schema)? {
+        Lowered::Regex(pattern) => Ok(pattern),
+        Lowered::Rules(_) => Err(GrammarError::Unsupported(
+            "recursive $ref (use the backend: it compiles recursion to a pushdown matcher)".into(),
+        )),
+    }
+}
+
+/// `schema` lowered: one regex when no `$ref` recurses, else rules where
+/// each recursive `$ref` is a rule and everything else is inlined.
+pub(crate) fn schema_grammar(schema: &Value) -> Result<Lowered, GrammarError> {
+    let mut builder = Builder::new(schema);
+    let body = builder.value(schema)?;
+    if builder.recursive.is_empty() {
+        return Ok(Lowered::Regex(format!("{WS}{body}{WS}")));
+    }
+    let recursive = std::mem::take(&mut builder.recursive);
+    let mut rules = Rules::new();
+    let start = rules.declare("(start)");
+    let calls: HashMap<String, usize> = recursive
+        .iter()
+        .map(|reference| (reference.clone(), rules.declare(reference.clone())))
+        .collect();
+    let lower = |target: &Value| {
+        let mut builder = Builder::new(schema);
+        builder.calls = calls.clone();
+        let body = builder.value(target)?;
+        if builder.recursive.is_empty() {
+            Ok(body)
+        } else {
+            Err(GrammarError::Unsupported(
+                "recursive $ref through an unsupported path".into(),
+            ))
+        }
     };
-    Ok(format!("{WS}{}{WS}", builder.value(schema)?))
+    rules.define(start, format!("{WS}{}{WS}", lower(schema)?));
+    for reference in &recursive {
+        let target = resolve_ref(schema, reference)?;
+        rules.define(calls[reference], lower(target)?);
+    }
+    Ok(Lowered::Rules(rules))
+}
+
+fn resolve_ref<'a>(root: &'a Value, reference: &str) -> Result<&'a Value, GrammarError> {
+    reference
+        .strip_prefix('#')
+        .and_then(|pointer| root.pointer(pointer))
+        .ok_or_else(|| GrammarError::Unsupported(format!("$ref {reference}")))
 }
 
 fn escape_literal(value: &Value) -> String {
@@ -66,9 +130,25 @@ fn escape_literal(value: &Value) -> String {
 struct Builder<'a> {
     root: &'a Value,
     depth: usize,
+    /// `$ref`s being expanded (to find recursion).
+    active: Vec<&'a str>,
+    /// `$ref`s found to recurse.
+    recursive: Vec<String>,
+    /// `$ref`s compiled as calls to these rules.
+    calls: HashMap<String, usize>,
 }
 
 impl<'a> Builder<'a> {
+    fn new(root: &'a Value) -> Self {
+        Self {
+            root,
+            depth: 0,
+            active: Vec::new(),
+            recursive: Vec::new(),
+            calls: HashMap::new(),
+        }
+    }
+
     fn value(&mut self, schema: &'a Value) -> Result<String, GrammarError> {
         self.depth += 1;
         if self.depth > 32 {
@@ -89,11 +169,21 @@ impl<'a> Builder<'a> {
             };
         };
         if let Some(reference) = object.get("$ref").and_then(Value::as_str) {
-            let target = reference
-                .strip_prefix('#')
-                .and_then(|pointer| self.root.pointer(pointer))
-                .ok_or_else(|| GrammarError::Unsupported(format!("$ref {reference}")))?;
-            return self.value(target);
+            if let Some(&rule) = self.calls.get(reference) {
+                return Ok(Rules::call(rule));
+            }
+            if self.active.contains(&reference) {
+                if !self.recursive.iter().any(|r| r == reference) {
+                    self.recursive.push(reference.to_owned());
+                }
+                // A placeholder: the caller compiles rules instead.
+                return Ok(String::new());
+            }
+            let target = resolve_ref(self.root, reference)?;
+            self.active.push(reference);
+            let result = self.value(target);
+            self.active.pop();
+            return result;
         }
         if let Some(value) = object.get("const") {
             return Ok(escape_literal(value));
@@ -313,11 +403,15 @@ pub fn dsml_tool_calls_regex(
                     let value = if is_string {
                         text.clone()
                     } else {
-                        Builder {
-                            root: schema,
-                            depth: 0,
+                        let mut builder = Builder::new(schema);
+                        let value = builder.value(schema)?;
+                        if !builder.recursive.is_empty() {
+                            return Err(GrammarError::Unsupported(format!(
+                                "tool `{}`: recursive $ref in a strict parameter",
+                                tool.name
+                            )));
                         }
-                        .value(schema)?
+                        value
                     };
                     sequence.push(parameter_regex(key, Some(is_string), &value));
                 }

@@ -1,0 +1,827 @@
+//! The pushdown matcher (recursive EBNF, recursive `$ref`, `json_object`)
+//! over the real V4 vocabulary, checked against an independent reference
+//! recognizer: a memoised recursive-descent matcher over grammars written
+//! here by hand from the same specifications (not from the crate's regexes).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use deepinfer_recipe::SpecialToken;
+use deepinfer_recipe::grammar::{
+    CompiledGrammar, CompiledPushdown, CompiledRegex, GrammarBackend, GrammarError, GrammarSpec,
+    GrammarVocab, Matcher, PushdownMatcher, RegexBackend, RegexMatcher, Rules, schema_regex,
+};
+use proptest::prelude::*;
+
+// ---------------------------------------------------------------------------
+// Reference recognizer
+
+/// A grammar expression of the reference recognizer.
+#[derive(Debug, Clone)]
+enum G {
+    Lit(&'static str),
+    /// One character: the predicate, and characters to generate from.
+    Char(fn(char) -> bool, &'static str),
+    Seq(Vec<G>),
+    /// Alternatives; generation at the depth limit takes the first.
+    Alt(Vec<G>),
+    Star(Box<G>),
+    Rule(usize),
+}
+
+/// Input ended inside a match that could go on.
+const PARTIAL: usize = usize::MAX;
+
+struct Reference {
+    rules: Vec<G>,
+}
+
+fn seq(items: Vec<G>) -> G {
+    G::Seq(items)
+}
+fn alt(items: Vec<G>) -> G {
+    G::Alt(items)
+}
+fn star(item: G) -> G {
+    G::Star(Box::new(item))
+}
+
+impl Reference {
+    /// End positions of `g` matched from `pos` (with [`PARTIAL`] when the
+    /// input ran out inside it).
+    fn ends(
+        &self,
+        g: &G,
+        input: &[u8],
+        pos: usize,
+        memo: &mut HashMap<(usize, usize), Vec<usize>>,
+    ) -> Vec<usize> {
+        let mut out = match g {
+            G::Lit(text) => {
+                let rest = &input[pos..];
+                if rest.starts_with(text.as_bytes()) {
+                    vec![pos + text.len()]
+                } else if text.as_bytes().starts_with(rest) {
+                    vec![PARTIAL]
+                } else {
+                    vec![]
+                }
+            }
+            G::Char(predicate, _) => {
+                let rest = &input[pos..];
+                let Some(&first) = rest.first() else {
+                    return vec![PARTIAL];
+                };
+                let width = match first {
+                    0x00..=0x7F => 1,
+                    0xC0..=0xDF => 2,
+                    0xE0..=0xEF => 3,
+                    0xF0..=0xF7 => 4,
+                    _ => return vec![],
+                };
+                if rest.len() < width {
+                    let continuation = rest[1..].iter().all(|b| b & 0xC0 == 0x80);
+                    return if continuation { vec![PARTIAL] } else { vec![] };
+                }
+                match std::str::from_utf8(&rest[..width]) {
+                    Ok(text) if text.chars().next().is_some_and(predicate) => vec![pos + width],
+                    _ => vec![],
+                }
+            }
+            G::Seq(items) => {
+                let mut at = vec![pos];
+                for item in items {
+                    let mut next = Vec::new();
+                    for &p in &at {
+                        if p == PARTIAL {
+                            next.push(PARTIAL);
+                        } else {
+                            next.extend(self.ends(item, input, p, memo));
+                        }
+                    }
+                    next.sort_unstable();
+                    next.dedup();
+                    at = next;
+                }
+                at
+            }
+            G::Alt(options) => options
+                .iter()
+                .flat_map(|o| self.ends(o, input, pos, memo))
+                .collect(),
+            G::Star(inner) => {
+                let mut all = vec![pos];
+                let mut frontier = vec![pos];
+                while let Some(p) = frontier.pop() {
+                    for end in self.ends(inner, input, p, memo) {
+                        if !all.contains(&end) {
+                            all.push(end);
+                            if end != PARTIAL {
+                                frontier.push(end);
+                            }
+                        }
+                    }
+                }
+                all
+            }
+            G::Rule(rule) => {
+                if let Some(found) = memo.get(&(*rule, pos)) {
+                    return found.clone();
+                }
+                memo.insert((*rule, pos), Vec::new());
+                let found = self.ends(&self.rules[*rule], input, pos, memo);
+                memo.insert((*rule, pos), found.clone());
+                found
+            }
+        };
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn run(&self, input: &[u8]) -> Vec<usize> {
+        self.ends(&G::Rule(0), input, 0, &mut HashMap::new())
+    }
+
+    fn accepts(&self, input: &[u8]) -> bool {
+        self.run(input).contains(&input.len())
+    }
+
+    fn accepts_prefix(&self, input: &[u8]) -> bool {
+        let ends = self.run(input);
+        ends.contains(&input.len()) || ends.contains(&PARTIAL)
+    }
+
+    fn generate(&self, g: &G, rng: &mut Rng, depth: usize, out: &mut String) {
+        match g {
+            G::Lit(text) => out.push_str(text),
+            G::Char(predicate, samples) => {
+                let chars: Vec<char> = samples.chars().filter(|&c| predicate(c)).collect();
+                out.push(chars[rng.below(chars.len())]);
+            }
+            G::Seq(items) => items.iter().for_each(|i| self.generate(i, rng, depth, out)),
+            G::Alt(options) => {
+                let pick = if depth == 0 {
+                    0
+                } else {
+                    rng.below(options.len())
+                };
+                self.generate(&options[pick], rng, depth, out);
+            }
+            G::Star(inner) => {
+                let count = if depth == 0 { 0 } else { rng.below(3) };
+                for _ in 0..count {
+                    self.generate(inner, rng, depth, out);
+                }
+            }
+            G::Rule(rule) => self.generate(&self.rules[*rule], rng, depth.saturating_sub(1), out),
+        }
+    }
+
+    fn sample(&self, seed: u64, depth: usize) -> String {
+        let mut out = String::new();
+        self.generate(&G::Rule(0), &mut Rng(seed | 1), depth, &mut out);
+        out
+    }
+}
+
+/// xorshift64: generation draws from a proptest-chosen seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+const ARITHMETIC: &str = r#"
+root   ::= expr
+expr   ::= term (ws [-+] ws term)*
+term   ::= factor (ws [*/] ws factor)*
+factor ::= [0-9]+ | "(" ws expr ws ")" | "-" factor
+ws     ::= " "?
+"#;
+
+fn arithmetic_reference() -> Reference {
+    let digit = || G::Char(|c| c.is_ascii_digit(), "0123456789");
+    let ws = || alt(vec![G::Lit(""), G::Lit(" ")]);
+    Reference {
+        rules: vec![
+            G::Rule(1),
+            seq(vec![
+                G::Rule(2),
+                star(seq(vec![
+                    ws(),
+                    G::Char(|c| c == '+' || c == '-', "+-"),
+                    ws(),
+                    G::Rule(2),
+                ])),
+            ]),
+            seq(vec![
+                G::Rule(3),
+                star(seq(vec![
+                    ws(),
+                    G::Char(|c| c == '*' || c == '/', "*/"),
+                    ws(),
+                    G::Rule(3),
+                ])),
+            ]),
+            alt(vec![
+                seq(vec![digit(), star(digit())]),
+                seq(vec![G::Lit("("), ws(), G::Rule(1), ws(), G::Lit(")")]),
+                seq(vec![G::Lit("-"), G::Rule(3)]),
+            ]),
+        ],
+    }
+}
+
+fn json_ws() -> G {
+    star(G::Char(|c| " \t\n\r".contains(c), " \n"))
+}
+
+fn json_string() -> G {
+    let hex = || G::Char(|c| c.is_ascii_hexdigit(), "09afAF");
+    seq(vec![
+        G::Lit("\""),
+        star(alt(vec![
+            G::Char(|c| c != '"' && c != '\\' && c >= ' ', "abc xyz_:{}[],é日🙂"),
+            seq(vec![
+                G::Lit("\\"),
+                alt(vec![
+                    G::Char(|c| "\"\\/bfnrt".contains(c), "\"\\/bfnrt"),
+                    seq(vec![G::Lit("u"), hex(), hex(), hex(), hex()]),
+                ]),
+            ]),
+        ])),
+        G::Lit("\""),
+    ])
+}
+
+fn json_integer() -> G {
+    let digit = || G::Char(|c| c.is_ascii_digit(), "0123456789");
+    seq(vec![
+        alt(vec![G::Lit(""), G::Lit("-")]),
+        alt(vec![
+            G::Lit("0"),
+            seq(vec![
+                G::Char(|c| ('1'..='9').contains(&c), "123456789"),
+                star(digit()),
+            ]),
+        ]),
+    ])
+}
+
+fn json_number() -> G {
+    let digit = || G::Char(|c| c.is_ascii_digit(), "0123456789");
+    seq(vec![
+        json_integer(),
+        alt(vec![
+            G::Lit(""),
+            seq(vec![G::Lit("."), digit(), star(digit())]),
+        ]),
+        alt(vec![
+            G::Lit(""),
+            seq(vec![
+                G::Char(|c| c == 'e' || c == 'E', "eE"),
+                alt(vec![G::Lit(""), G::Char(|c| c == '+' || c == '-', "+-")]),
+                digit(),
+                star(digit()),
+            ]),
+        ]),
+    ])
+}
+
+/// RFC 8259 JSON; rule 0 an object with surrounding whitespace, rule 1 a
+/// value, rule 2 an object.
+fn json_reference() -> Reference {
+    let comma = || seq(vec![json_ws(), G::Lit(","), json_ws()]);
+    let member = || {
+        seq(vec![
+            json_string(),
+            json_ws(),
+            G::Lit(":"),
+            json_ws(),
+            G::Rule(1),
+        ])
+    };
+    Reference {
+        rules: vec![
+            seq(vec![json_ws(), G::Rule(2), json_ws()]),
+            alt(vec![
+                json_string(),
+                json_number(),
+                G::Lit("true"),
+                G::Lit("false"),
+                G::Lit("null"),
+                G::Rule(2),
+                seq(vec![
+                    G::Lit("["),
+                    json_ws(),
+                    alt(vec![
+                        G::Lit(""),
+                        seq(vec![G::Rule(1), star(seq(vec![comma(), G::Rule(1)]))]),
+                    ]),
+                    json_ws(),
+                    G::Lit("]"),
+                ]),
+            ]),
+            seq(vec![
+                G::Lit("{"),
+                json_ws(),
+                alt(vec![
+                    G::Lit(""),
+                    seq(vec![member(), star(seq(vec![comma(), member()]))]),
+                ]),
+                json_ws(),
+                G::Lit("}"),
+            ]),
+        ],
+    }
+}
+
+fn tree_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "value": {"type": "integer"},
+            "children": {"type": "array", "items": {"$ref": "#"}},
+        },
+        "required": ["value"],
+    })
+}
+
+/// Documents of [`tree_schema`]: properties in declared order, `children`
+/// optional.
+fn tree_reference() -> Reference {
+    let comma = || seq(vec![json_ws(), G::Lit(","), json_ws()]);
+    let colon = || seq(vec![json_ws(), G::Lit(":"), json_ws()]);
+    Reference {
+        rules: vec![
+            seq(vec![json_ws(), G::Rule(1), json_ws()]),
+            seq(vec![
+                G::Lit("{"),
+                json_ws(),
+                G::Lit("\"value\""),
+                colon(),
+                json_integer(),
+                alt(vec![
+                    G::Lit(""),
+                    seq(vec![
+                        comma(),
+                        G::Lit("\"children\""),
+                        colon(),
+                        G::Lit("["),
+                        json_ws(),
+                        alt(vec![
+                            G::Lit(""),
+                            seq(vec![G::Rule(1), star(seq(vec![comma(), G::Rule(1)]))]),
+                        ]),
+                        json_ws(),
+                        G::Lit("]"),
+                    ]),
+                ]),
+                json_ws(),
+                G::Lit("}"),
+            ]),
+        ],
+    }
+}
+
+#[test]
+fn reference_recognizer_sanity() {
+    let json = json_reference();
+    assert!(json.accepts(br#" {"a": [1, {"b": null}, "x\u00e9"], "c": -1.5e3} "#));
+    assert!(!json.accepts(br#"{"a": }"#));
+    assert!(json.accepts_prefix(br#"{"a": [1, {"b"#));
+    assert!(!json.accepts_prefix(br#"{"a": ]"#));
+    let tree = tree_reference();
+    assert!(tree.accepts(br#"{"value": 1, "children": [{"value": 2}]}"#));
+    assert!(!tree.accepts(br#"{"children": [], "value": 1}"#));
+    let arithmetic = arithmetic_reference();
+    assert!(arithmetic.accepts(b"((1 + 2) * -3)"));
+    assert!(!arithmetic.accepts(b"(1 + 2"));
+    assert!(arithmetic.accepts_prefix(b"(1 + 2"));
+}
+
+// ---------------------------------------------------------------------------
+// Matcher helpers
+
+fn vocab() -> Arc<GrammarVocab> {
+    static VOCAB: OnceLock<Arc<GrammarVocab>> = OnceLock::new();
+    VOCAB
+        .get_or_init(|| {
+            let tokenizer = common::tokenizer();
+            let eos = eos();
+            let dsml = tokenizer
+                .special_id(SpecialToken::Dsml.deepseek_spelling())
+                .unwrap();
+            Arc::new(GrammarVocab::from_tokenizer(
+                &tokenizer,
+                &[eos],
+                &[(dsml, 0)],
+            ))
+        })
+        .clone()
+}
+
+fn eos() -> u32 {
+    common::tokenizer()
+        .special_id(SpecialToken::Eos.deepseek_spelling())
+        .unwrap()
+}
+
+fn allowed(mask: &[u32], id: u32) -> bool {
+    mask[id as usize / 32] & (1 << (id % 32)) != 0
+}
+
+fn mask_of(matcher: &mut dyn Matcher) -> Vec<u32> {
+    let mut mask = vec![0u32; vocab().mask_words()];
+    matcher.fill_bitmask(&mut mask).unwrap();
+    mask
+}
+
+/// Drive `matcher` along `ids`, checking each against the mask first.
+fn drive(matcher: &mut dyn Matcher, ids: &[u32]) -> Result<(), GrammarError> {
+    let mut mask = vec![0u32; vocab().mask_words()];
+    for &id in ids {
+        matcher.fill_bitmask(&mut mask)?;
+        assert!(allowed(&mask, id), "token {id} not in mask");
+        matcher.accept(id)?;
+    }
+    Ok(())
+}
+
+struct Case {
+    grammar: Arc<dyn CompiledGrammar>,
+    reference: Reference,
+    depth: usize,
+}
+
+fn cases() -> &'static [Case] {
+    static CASES: OnceLock<Vec<Case>> = OnceLock::new();
+    CASES.get_or_init(|| {
+        let backend = RegexBackend::default();
+        let compile = |spec| backend.compile(&spec, &vocab()).unwrap();
+        vec![
+            Case {
+                grammar: compile(GrammarSpec::Ebnf(ARITHMETIC.into())),
+                reference: arithmetic_reference(),
+                depth: 8,
+            },
+            Case {
+                grammar: compile(GrammarSpec::JsonObject),
+                reference: json_reference(),
+                depth: 6,
+            },
+            Case {
+                grammar: compile(GrammarSpec::JsonSchema(tree_schema())),
+                reference: tree_reference(),
+                depth: 6,
+            },
+        ]
+    })
+}
+
+fn decode(ids: &[u32]) -> Vec<u8> {
+    let tokenizer = common::tokenizer();
+    let table = tokenizer.token_bytes();
+    ids.iter()
+        .flat_map(|&id| table[id as usize].iter().copied())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// (a) Every text the reference accepts tokenises into tokens that the
+    /// mask allows at each step, ending complete with end-of-sequence allowed.
+    #[test]
+    fn reference_texts_pass_the_mask(case in 0usize..3, seed in any::<u64>()) {
+        let case = &cases()[case];
+        let text = case.reference.sample(seed, case.depth);
+        prop_assert!(case.reference.accepts(text.as_bytes()), "generator: {text:?}");
+        let ids = common::tokenizer().encode_plain(&text).unwrap();
+        let mut matcher = case.grammar.matcher();
+        drive(matcher.as_mut(), &ids).unwrap();
+        prop_assert!(matcher.is_complete(), "{text:?}");
+        prop_assert!(allowed(&mask_of(matcher.as_mut()), eos()));
+    }
+
+    /// (b) Random walks along the mask only produce prefixes the reference
+    /// accepts as prefixes; end of sequence only where it accepts the text.
+    #[test]
+    fn mask_walks_stay_inside_the_language(
+        case in 0usize..3,
+        choices in proptest::collection::vec(any::<u32>(), 1..24),
+    ) {
+        let case = &cases()[case];
+        let mut matcher = case.grammar.matcher();
+        let mut ids = Vec::new();
+        for choice in choices {
+            let mask = mask_of(matcher.as_mut());
+            let allowed_ids: Vec<u32> = (0..vocab().size() as u32)
+                .filter(|&id| allowed(&mask, id))
+                .collect();
+            let id = allowed_ids[choice as usize % allowed_ids.len()];
+            matcher.accept(id).unwrap();
+            if id == eos() {
+                prop_assert!(case.reference.accepts(&decode(&ids)), "{:?}", decode(&ids));
+                break;
+            }
+            ids.push(id);
+            let text = decode(&ids);
+            prop_assert!(case.reference.accepts_prefix(&text), "{:?}", String::from_utf8_lossy(&text));
+            prop_assert_eq!(matcher.is_complete(), case.reference.accepts(&text));
+        }
+    }
+
+    /// (c) Rolling back and accepting again equals never having accepted.
+    #[test]
+    fn rollback_then_reaccept_is_identity(case in 0usize..3, seed in any::<u64>(), back in 1usize..8) {
+        let case = &cases()[case];
+        let text = case.reference.sample(seed, case.depth);
+        let ids = common::tokenizer().encode_plain(&text).unwrap();
+        let back = back.min(ids.len());
+        let mut straight = case.grammar.matcher();
+        drive(straight.as_mut(), &ids).unwrap();
+        let mut rolled = case.grammar.matcher();
+        drive(rolled.as_mut(), &ids).unwrap();
+        rolled.rollback(back).unwrap();
+        let mut fresh = case.grammar.matcher();
+        drive(fresh.as_mut(), &ids[..ids.len() - back]).unwrap();
+        prop_assert_eq!(mask_of(rolled.as_mut()), mask_of(fresh.as_mut()));
+        prop_assert_eq!(rolled.is_complete(), fresh.is_complete());
+        drive(rolled.as_mut(), &ids[ids.len() - back..]).unwrap();
+        prop_assert_eq!(mask_of(rolled.as_mut()), mask_of(straight.as_mut()));
+        prop_assert_eq!(rolled.is_complete(), straight.is_complete());
+    }
+
+    /// (d) Non-recursive grammars: the pushdown path (the pattern as one
+    /// rule, or split into rules joined by calls) gives the same masks as
+    /// the DFA path along random mask walks.
+    #[test]
+    fn pushdown_equals_dfa_without_recursion(
+        which in 0usize..3,
+        choices in proptest::collection::vec(any::<u32>(), 1..16),
+    ) {
+        let (regex, pushdown) = &equivalent_pairs()[which];
+        let mut dfa = RegexMatcher::new(Arc::clone(regex));
+        let mut push = PushdownMatcher::new(Arc::clone(pushdown));
+        for choice in choices {
+            let mask = mask_of(&mut dfa);
+            prop_assert_eq!(&mask, &mask_of(&mut push));
+            prop_assert_eq!(dfa.is_complete(), push.is_complete());
+            let allowed_ids: Vec<u32> = (0..vocab().size() as u32)
+                .filter(|&id| allowed(&mask, id))
+                .collect();
+            let id = allowed_ids[choice as usize % allowed_ids.len()];
+            dfa.accept(id).unwrap();
+            push.accept(id).unwrap();
+            if id == eos() {
+                break;
+            }
+        }
+    }
+}
+
+type Pair = (Arc<CompiledRegex>, Arc<CompiledPushdown>);
+
+fn equivalent_pairs() -> &'static [Pair] {
+    static PAIRS: OnceLock<Vec<Pair>> = OnceLock::new();
+    PAIRS.get_or_init(|| {
+        let limit = 256 << 20;
+        let single = |pattern: &str| {
+            let mut rules = Rules::new();
+            let start = rules.declare("start");
+            rules.define(start, pattern.to_owned());
+            rules
+        };
+        let schema = schema_regex(&serde_json::json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "days": {"type": "integer", "minimum": 1, "maximum": 30},
+                "tags": {"type": "array", "items": {"enum": ["a", "bc"]}},
+            },
+            "required": ["city"],
+        }))
+        .unwrap();
+        let number = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?";
+        let word = "[a-z]{1,6}";
+        let inline = format!(r"\[ ?(?:{number}|{word})(?:, ?(?:{number}|{word}))* ?\]");
+        let mut split = Rules::new();
+        let start = split.declare("start");
+        let num = split.declare("number");
+        let w = split.declare("word");
+        let item = format!("(?:{}|{})", Rules::call(num), Rules::call(w));
+        split.define(start, format!(r"\[ ?{item}(?:, ?{item})* ?\]"));
+        split.define(num, number.to_owned());
+        split.define(w, word.to_owned());
+        let pair = |pattern: &str, rules: &Rules| {
+            (
+                Arc::new(CompiledRegex::new(pattern, vocab(), limit).unwrap()),
+                Arc::new(CompiledPushdown::new(rules, vocab(), limit, 64).unwrap()),
+            )
+        };
+        vec![
+            pair(&schema, &single(&schema)),
+            pair(
+                "[0-9]{3}-[a-z]+( [A-Z][a-z]*)?",
+                &single("[0-9]{3}-[a-z]+( [A-Z][a-z]*)?"),
+            ),
+            pair(&inline, &split),
+        ]
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Unit tests
+
+#[test]
+fn deep_nesting_is_exact() {
+    let tokenizer = common::tokenizer();
+    let levels = 50;
+    let backend = RegexBackend::default();
+    let json = backend.compile(&GrammarSpec::JsonObject, &vocab()).unwrap();
+    let text = format!("{}1{}", "{\"a\": [".repeat(levels), "]}".repeat(levels));
+    let mut matcher = json.matcher();
+    drive(matcher.as_mut(), &tokenizer.encode_plain(&text).unwrap()).unwrap();
+    assert!(matcher.is_complete());
+
+    let arithmetic = backend
+        .compile(&GrammarSpec::Ebnf(ARITHMETIC.into()), &vocab())
+        .unwrap();
+    let text = format!("{}1{}", "(".repeat(levels), ")".repeat(levels));
+    let ids = tokenizer.encode_plain(&text).unwrap();
+    let mut matcher = arithmetic.matcher();
+    drive(matcher.as_mut(), &ids).unwrap();
+    assert!(matcher.is_complete());
+    // One closing parenthesis too many is refused; one too few is incomplete.
+    let close = tokenizer.encode_plain(")").unwrap()[0];
+    assert_eq!(matcher.accept(close), Err(GrammarError::Rejected(close)));
+    matcher.rollback(1).unwrap();
+    assert!(!matcher.is_complete());
+
+    let list = serde_json::json!({
+        "$defs": {"node": {
+            "type": "object",
+            "properties": {"v": {"type": "string"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+            "required": ["v", "next"],
+        }},
+        "$ref": "#/$defs/node",
+    });
+    let linked = backend
+        .compile(&GrammarSpec::JsonSchema(list), &vocab())
+        .unwrap();
+    let text = format!(
+        "{}null{}",
+        r#"{"v": "x", "next": "#.repeat(levels),
+        "}".repeat(levels)
+    );
+    let mut matcher = linked.matcher();
+    drive(matcher.as_mut(), &tokenizer.encode_plain(&text).unwrap()).unwrap();
+    assert!(matcher.is_complete());
+    // A missing required property is refused at any depth.
+    let mut matcher = linked.matcher();
+    let bad = format!(r#"{}{{"next""#, r#"{"v": "x", "next": "#.repeat(20));
+    let result = tokenizer
+        .encode_plain(&bad)
+        .unwrap()
+        .iter()
+        .try_for_each(|&id| matcher.accept(id));
+    assert!(matches!(result, Err(GrammarError::Rejected(_))));
+}
+
+#[test]
+fn depth_cap_is_a_typed_error() {
+    let tokenizer = common::tokenizer();
+    let backend = RegexBackend {
+        max_depth: 10,
+        ..RegexBackend::default()
+    };
+    let json = backend.compile(&GrammarSpec::JsonObject, &vocab()).unwrap();
+    let open = tokenizer.encode_plain("[").unwrap()[0];
+    let mut matcher = json.matcher();
+    drive(
+        matcher.as_mut(),
+        &tokenizer.encode_plain(r#"{"a": "#).unwrap(),
+    )
+    .unwrap();
+    // The start rule holds the outer object; each `[` nests one value.
+    let mut result = Ok(());
+    let mut opened = 0;
+    for _ in 0..20 {
+        result = matcher.accept(open);
+        if result.is_err() {
+            break;
+        }
+        opened += 1;
+    }
+    assert_eq!(result, Err(GrammarError::DepthLimit(10)));
+    assert_eq!(opened, 9);
+    // The matcher is unchanged by the refused token and can close up.
+    let close = tokenizer.encode_plain("]").unwrap()[0];
+    matcher.accept(close).unwrap();
+}
+
+#[test]
+fn json_object_masks_follow_the_stack() {
+    let tokenizer = common::tokenizer();
+    let json = RegexBackend::default()
+        .compile(&GrammarSpec::JsonObject, &vocab())
+        .unwrap();
+    let token = |text: &str| {
+        let ids = tokenizer.encode_plain(text).unwrap();
+        assert_eq!(ids.len(), 1, "{text:?}");
+        ids[0]
+    };
+    let (bracket, brace, comma) = (token("]"), token("}"), token(","));
+    let mut matcher = json.matcher();
+    drive(
+        matcher.as_mut(),
+        &tokenizer.encode_plain(r#"{"a": [{"b": [1"#).unwrap(),
+    )
+    .unwrap();
+    let mask = mask_of(matcher.as_mut());
+    assert!(allowed(&mask, bracket) && allowed(&mask, comma) && !allowed(&mask, brace));
+    matcher.accept(bracket).unwrap();
+    let mask = mask_of(matcher.as_mut());
+    assert!(allowed(&mask, brace) && !allowed(&mask, bracket));
+    matcher.accept(brace).unwrap();
+    let mask = mask_of(matcher.as_mut());
+    assert!(allowed(&mask, bracket) && !allowed(&mask, brace));
+    assert!(!allowed(&mask, eos()));
+    matcher.accept(bracket).unwrap();
+    matcher.accept(brace).unwrap();
+    assert!(matcher.is_complete());
+    let mask = mask_of(matcher.as_mut());
+    assert!(allowed(&mask, eos()) && !allowed(&mask, brace));
+    // Arrays and scalars are not objects.
+    let mut matcher = json.matcher();
+    assert!(matcher.accept(token("[")).is_err());
+}
+
+#[test]
+fn recursive_grammars_that_cannot_finish_or_recurse_left_are_errors() {
+    let backend = RegexBackend::default();
+    let compile = |spec| backend.compile(&spec, &vocab()).map(|_| ());
+    // No base case: nothing finite matches.
+    assert_eq!(
+        compile(GrammarSpec::Ebnf("root ::= \"(\" root \")\"".into())),
+        Err(GrammarError::Unsatisfiable)
+    );
+    assert_eq!(
+        compile(GrammarSpec::JsonSchema(serde_json::json!({
+            "type": "object",
+            "properties": {"next": {"$ref": "#"}},
+            "required": ["next"],
+        }))),
+        Err(GrammarError::Unsatisfiable)
+    );
+    // A recursive rule whose only way out matches nothing (an empty class).
+    assert_eq!(
+        compile(GrammarSpec::Ebnf("root ::= \"(\" root \")\" | []".into())),
+        Err(GrammarError::Unsatisfiable)
+    );
+    // Left recursion is refused clearly; the same language written with
+    // repetition compiles.
+    let left = compile(GrammarSpec::Ebnf(
+        "root ::= expr\nexpr ::= expr \"+\" num | num\nnum ::= [0-9]+".into(),
+    ));
+    assert!(matches!(left, Err(GrammarError::Unsupported(m)) if m.contains("left-recursive")));
+    let repeated = compile(GrammarSpec::Ebnf(
+        "root ::= expr\nexpr ::= num (\"+\" num)* | \"(\" expr \")\"\nnum ::= [0-9]+".into(),
+    ));
+    assert_eq!(repeated, Ok(()));
+    // A vocabulary without the needed bytes.
+    let tiny = Arc::new(GrammarVocab::new(
+        vec![Some(b"a".to_vec()), Some(b"b".to_vec()), None],
+        &[2],
+        &[],
+    ));
+    let none = backend.compile(
+        &GrammarSpec::Ebnf("root ::= \"(\" root \")\" | \"x\"".into()),
+        &tiny,
+    );
+    assert!(matches!(none, Err(GrammarError::Unsatisfiable)));
+    // The tiny vocabulary can write a recursive language of its own.
+    let ab = backend
+        .compile(
+            &GrammarSpec::Ebnf("root ::= \"a\" root \"b\" | \"ab\"".into()),
+            &tiny,
+        )
+        .unwrap();
+    let mut matcher = ab.matcher();
+    for id in [0, 0, 0, 1, 1] {
+        matcher.accept(id).unwrap();
+    }
+    assert!(!matcher.is_complete());
+    matcher.accept(1).unwrap();
+    assert!(matcher.is_complete());
+    assert_eq!(matcher.accept(1), Err(GrammarError::Rejected(1)));
+}
