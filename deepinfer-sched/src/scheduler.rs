@@ -396,6 +396,28 @@ fn sync_kv(kv: &mut BlockManager, r: &mut Req) -> Result<(), KvError> {
     Ok(())
 }
 
+/// Ask for the cache line holding `p` (a hint: never faults, whatever the address).
+#[inline(always)]
+fn prefetch_line<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is a hint: it reads nothing architecturally and never
+    // faults, even for an invalid address; SSE is part of the x86_64 baseline.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Ask for the two hot cache lines of the record in `slot` (no bounds check
+/// needed: a prefetch of any address is harmless).
+#[inline(always)]
+fn prefetch_record(slots: &[Option<Req>], slot: u32) {
+    let p = slots.as_ptr().wrapping_add(slot as usize).cast::<u8>();
+    prefetch_line(p);
+    prefetch_line(p.wrapping_add(64));
+}
+
 /// Blocks a sequence with `room` free slots in its last block allocates to
 /// grow by `n` tokens (divides only when a block boundary is crossed).
 fn blocks_to_grow(room: usize, n: usize, bs: usize) -> usize {
@@ -804,6 +826,10 @@ impl Scheduler {
         while i < self.running.len() {
             if seqs_left == 0 || tokens_left == 0 {
                 break;
+            }
+            // The record 8 rows on, so its misses overlap with this row's work.
+            if let Some(&s8) = self.running.get(i + 8) {
+                prefetch_record(&self.slots, s8);
             }
             let slot = self.running[i];
             // Steady decode: the input token is known, no drafts, room in the last
@@ -1351,7 +1377,17 @@ impl Scheduler {
         if dense {
             // One token per live decode row, in row order: nothing else to read.
             let mut dense_tokens = out.decode_tokens.iter();
-            for fr in &flight.rows {
+            for (j, fr) in flight.rows.iter().enumerate() {
+                // Ask ahead for the records 8 rows on and the history ends 4 rows
+                // on (the token store each row makes), so their misses overlap.
+                if let Some(f8) = flight.rows.get(j + 8) {
+                    prefetch_record(&self.slots, f8.slot);
+                }
+                if let Some(f4) = flight.rows.get(j + 4)
+                    && let Some(Some(r4)) = self.slots.get(f4.slot as usize)
+                {
+                    prefetch_line(r4.tokens.as_ptr().wrapping_add(r4.tokens.len()));
+                }
                 if fr.cancelled {
                     continue;
                 }
