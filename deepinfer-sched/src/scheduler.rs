@@ -22,7 +22,7 @@ use deepinfer_spec::Planner;
 use crate::cost_model::{PrefillCostModel, StepFeatures, StepSample};
 use crate::error::SchedError;
 mod slab;
-use slab::Loc;
+use slab::{Loc, slab_mut};
 
 use crate::request::{
     DecodeRow, FinishReason, Finished, NewRequest, PlanFix, PrefillChunk, RequestId, RowOutput,
@@ -36,6 +36,13 @@ use crate::request::{
 pub const PLACEHOLDER_TOKEN: u32 = u32::MAX;
 
 const PLACEHOLDERS: [u32; 16] = [PLACEHOLDER_TOKEN; 16];
+
+/// Cap of the context limit: lengths are kept as `u32` on the decode path.
+const MAX_LEN: usize = (u32::MAX / 2) as usize;
+
+/// Most drafts of one decode row (its record keeps them, and the blocks they
+/// reserve, in 16 bits).
+const MAX_DRAFTS: usize = u16::MAX as usize - 1;
 
 /// Most output tokens whose host memory is reserved at admission.
 const RESERVE_TOKENS: usize = 2048;
@@ -141,45 +148,54 @@ enum Phase {
     Running,
 }
 
-/// A live request. `repr(C)` with the alignment puts what every decode step
-/// reads and writes in the first two cache lines (the rest is cold).
+/// A live request. `repr(C)` with the alignment puts everything a steady
+/// decode row reads and writes, in `schedule_into` and in `update`, in the
+/// first cache line (lengths are `u32`: the context limit is capped to fit);
+/// the rest is cold. `has_stops` is the first field with a large niche, so the
+/// tag of `Option<Req>` lives in the hot line too.
 #[derive(Debug, Clone)]
 #[repr(C, align(64))]
 struct Req {
-    // Line 1.
+    // Hot line.
     tokens: Vec<u32>,
+    id: RequestId,
     /// Tokens whose KV is computed or scheduled.
-    scheduled: usize,
-    /// Committed tokens in the KV sequence.
-    kv_len: usize,
+    scheduled: u32,
+    /// Tokens in the KV sequence, drafts excluded (the block manager has been
+    /// given `kv_synced` of them).
+    kv_len: u32,
     /// Free slots in the sequence's last block (so growth needs no division).
-    kv_room: usize,
+    kv_room: u32,
     /// Committed length at which the block holding the next decode input is
     /// full (then its blocks are reported computed to the prefix cache).
-    next_full: usize,
-    /// Row groups of this request in steps in flight.
-    inflight: u32,
-    /// Bumped whenever the KV sequence is dropped (preemption): rows in flight
-    /// from an older incarnation must not touch the KV manager.
-    incarnation: u32,
-    // Line 2.
-    /// The KV sequence's handle (skips the id lookup on the decode path).
-    kv: Option<SeqHandle>,
-    arrival: u64,
-    id: RequestId,
+    next_full: u32,
     /// History length at which the request stops: `prompt_len +
     /// max_new_tokens`, capped by the context limit.
-    limit: usize,
+    limit: u32,
+    /// Set each time the request is placed in the running slab (admission,
+    /// fork) from a counter: a row in flight belongs to this request, on this
+    /// KV sequence, only while the record's epoch is the row's (a preempted
+    /// request keeps its epoch while parked, and is re-admitted only once its
+    /// rows have landed).
+    epoch: u32,
     /// Placeholder drafts after the committed tokens.
-    kv_drafts: usize,
-    phase: Phase,
-    /// Rows in flight that will append a token to the history (once a row
-    /// samples, every later row of the request samples too).
-    sampling_rows: u8,
+    kv_drafts: u32,
     has_stops: bool,
     /// `confidences` is not empty.
     has_confs: bool,
+    /// Row groups of this request in steps in flight.
+    inflight: u8,
+    /// Rows in flight that will append a token to the history (once a row
+    /// samples, every later row of the request samples too).
+    sampling_rows: u8,
     // Cold.
+    /// The KV sequence's handle (skips the id lookup).
+    kv: Option<SeqHandle>,
+    arrival: u64,
+    /// Bumped whenever the KV sequence is dropped (preemption): keys of the
+    /// waiting heap from an older incarnation are stale.
+    incarnation: u32,
+    phase: Phase,
     /// Tokens of the history handed to the KV sequence so far (`<= kv_len`).
     /// A steady decode row only counts its input in `kv_len`; the tokens go
     /// to the block manager in one call per block (see `sync_kv`), so a decode
@@ -195,6 +211,36 @@ struct Req {
 }
 
 impl Req {
+    /// A vacant entry of the running slab (epoch 0; allocates nothing).
+    fn vacant() -> Self {
+        Req {
+            tokens: Vec::new(),
+            id: 0,
+            scheduled: 0,
+            kv_len: 0,
+            kv_room: 0,
+            next_full: 0,
+            limit: 0,
+            epoch: 0,
+            kv_drafts: 0,
+            has_stops: false,
+            has_confs: false,
+            inflight: 0,
+            sampling_rows: 0,
+            kv: None,
+            arrival: 0,
+            incarnation: 0,
+            phase: Phase::Waiting,
+            kv_synced: 0,
+            prompt_len: 0,
+            max_new_tokens: 0,
+            stop_tokens: Vec::new(),
+            priority: 0,
+            confidences: Vec::new(),
+            preempted_before: false,
+        }
+    }
+
     fn output_len(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
@@ -226,10 +272,9 @@ impl PartialOrd for WaitKey {
 #[derive(Debug, Clone, Copy)]
 struct FlightRow {
     slot: u32,
-    /// The request's id and unique arrival number (a freed slot may be reused).
+    /// The request's placement epoch (a freed slot may be reused).
+    epoch: u32,
     id: RequestId,
-    arrival: u64,
-    incarnation: u32,
     start: usize,
     len: usize,
     samples: bool,
@@ -237,16 +282,16 @@ struct FlightRow {
     cancelled: bool,
 }
 
-/// A decode row in flight (40 bytes: the decode list is the long one).
+/// A decode row in flight (32 bytes: the decode list is the long one).
 #[derive(Debug, Clone, Copy)]
 struct DecodeFlight {
-    /// The request's id and unique arrival number (a freed slot may be reused).
     id: RequestId,
-    arrival: u64,
-    position: usize,
+    /// Input position.
+    position: u32,
     slot: u32,
-    incarnation: u32,
-    drafts: u32,
+    /// The request's placement epoch (a freed slot may be reused).
+    epoch: u32,
+    drafts: u16,
     /// Blocks reserved for a provisional row (released when it is
     /// materialised or cancelled).
     reserved: u16,
@@ -316,7 +361,9 @@ pub struct Scheduler {
     cost: Option<PrefillCostModel>,
     planner: Option<Planner>,
     /// Running requests (dense: slots are reused, so they stay below the peak running count).
-    slots: Vec<Option<Req>>,
+    /// A vacant slot holds a record of epoch 0 (no `Option`: its tag could sit
+    /// outside the hot line).
+    slots: Vec<Req>,
     free_slots: Vec<u32>,
     /// Waiting (and preempted) requests.
     parked: Vec<Option<Req>>,
@@ -339,9 +386,11 @@ pub struct Scheduler {
     steps_since_compact: u32,
     /// Scratch of `compact_running`: slot permutation and the spare slab.
     perm_scratch: Vec<u32>,
-    slab_scratch: Vec<Option<Req>>,
+    slab_scratch: Vec<Req>,
     flights: VecDeque<Flight>,
     next_arrival: u64,
+    /// Last placement epoch handed out (see `Req::epoch`).
+    next_epoch: u32,
     next_step: u64,
     pending_copies: Vec<deepinfer_kv::CopyOp>,
     pending_aborted: Vec<RequestId>,
@@ -376,7 +425,7 @@ fn take_sampled(r: &mut Req, toks: &[u32], confs: &[f64], stop: bool) -> Option<
         if r.has_stops && r.stop_tokens.contains(&t) {
             return Some(FinishReason::Stop);
         }
-        if r.tokens.len() >= r.limit {
+        if r.tokens.len() >= r.limit as usize {
             return Some(FinishReason::Length);
         }
     }
@@ -387,11 +436,12 @@ fn take_sampled(r: &mut Req, toks: &[u32], confs: &[f64], stop: bool) -> Option<
 /// not been given yet (steady decode rows only count them) to the manager.
 /// Allocates nothing: the request's blocks already cover them.
 fn sync_kv(kv: &mut BlockManager, r: &mut Req) -> Result<(), KvError> {
-    if r.kv_synced < r.kv_len
+    let len = r.kv_len as usize;
+    if r.kv_synced < len
         && let Some(h) = r.kv
     {
-        kv.extend_by_handle(h, &r.tokens[r.kv_synced..r.kv_len])?;
-        r.kv_synced = r.kv_len;
+        kv.extend_by_handle(h, &r.tokens[r.kv_synced..len])?;
+        r.kv_synced = len;
     }
     Ok(())
 }
@@ -409,13 +459,11 @@ fn prefetch_line<T>(p: *const T) {
     let _ = p;
 }
 
-/// Ask for the two hot cache lines of the record in `slot` (no bounds check
+/// Ask for the hot cache line of the record in `slot` (no bounds check
 /// needed: a prefetch of any address is harmless).
 #[inline(always)]
-fn prefetch_record(slots: &[Option<Req>], slot: u32) {
-    let p = slots.as_ptr().wrapping_add(slot as usize).cast::<u8>();
-    prefetch_line(p);
-    prefetch_line(p.wrapping_add(64));
+fn prefetch_record(slots: &[Req], slot: u32) {
+    prefetch_line(slots.as_ptr().wrapping_add(slot as usize));
 }
 
 /// Blocks a sequence with `room` free slots in its last block allocates to
@@ -429,13 +477,13 @@ fn blocks_to_grow(room: usize, n: usize, bs: usize) -> usize {
 }
 
 /// Free slots in the last block of a sequence of `len` tokens.
-fn room_after(len: usize, bs: usize) -> usize {
-    div_ceil(len, bs) * bs - len
+fn room_after(len: usize, bs: usize) -> u32 {
+    (div_ceil(len, bs) * bs - len) as u32
 }
 
 /// Committed length at which the block holding position `len` is full.
-fn next_block_end(len: usize, bs: usize) -> usize {
-    (len / bs + 1) * bs
+fn next_block_end(len: usize, bs: usize) -> u32 {
+    ((len / bs + 1) * bs) as u32
 }
 
 impl Scheduler {
@@ -449,7 +497,8 @@ impl Scheduler {
         }
         let pool_tokens = kv.config().num_blocks * kv.block_size();
         Ok(Self {
-            max_len: cfg.max_model_len.min(pool_tokens),
+            // Lengths are kept as `u32` on the decode path.
+            max_len: cfg.max_model_len.min(pool_tokens).min(MAX_LEN),
             cfg,
             kv,
             cost: None,
@@ -471,6 +520,7 @@ impl Scheduler {
             slab_scratch: Vec::new(),
             flights: VecDeque::new(),
             next_arrival: 0,
+            next_epoch: 0,
             next_step: 0,
             pending_copies: Vec::new(),
             pending_aborted: Vec::new(),
@@ -576,6 +626,13 @@ impl Scheduler {
                 pool_tokens,
             });
         }
+        if r.prompt.len() >= self.max_len {
+            return Err(SchedError::PromptTooLong {
+                id: r.id,
+                len: r.prompt.len(),
+                limit: self.max_len,
+            });
+        }
         Ok(())
     }
 
@@ -590,7 +647,7 @@ impl Scheduler {
             prompt_len,
             tokens: r.prompt,
             max_new_tokens: r.max_new_tokens,
-            limit: (prompt_len + r.max_new_tokens).min(self.max_len),
+            limit: (prompt_len.saturating_add(r.max_new_tokens)).min(self.max_len) as u32,
             has_stops: !r.stop_tokens.is_empty(),
             has_confs: false,
             stop_tokens: r.stop_tokens,
@@ -605,6 +662,7 @@ impl Scheduler {
             kv_room: 0,
             kv_synced: 0,
             next_full: 0,
+            epoch: 0,
             inflight: 0,
             sampling_rows: 0,
             confidences: Vec::new(),
@@ -696,7 +754,7 @@ impl Scheduler {
             )));
         }
         // The manager's copy of the parent's tokens must be complete before it is shared.
-        if let Some(Some(p)) = self.slots.get_mut(ploc.slot as usize) {
+        if let Some(p) = slab_mut(&mut self.slots, &mut self.parked, ploc) {
             sync_kv(&mut self.kv, p)?;
         }
         let copy = self.kv.fork(parent, child)?;
@@ -833,18 +891,17 @@ impl Scheduler {
             }
             let slot = self.running[i];
             // Steady decode: the input token is known, no drafts, room in the last
-            // block. It reads and writes only the request's hot lines and the two
+            // block. It reads and writes only the request's hot line and the two
             // row lists (the input joins the KV sequence in the block's batch, see
             // `sync_kv`); blocks are allocated (and checked against reservations)
             // on the general path, once per block.
             if no_drafts
                 && reserved_blocks <= self.kv.pool().num_free()
-                && let Some(r) = self.slots[slot as usize].as_mut()
-                && r.scheduled + 1 == r.tokens.len()
+                && let Some(r) = self.slots.get_mut(slot as usize)
+                && r.scheduled as usize + 1 == r.tokens.len()
                 && r.kv_len == r.scheduled
                 && r.kv_room > 0
                 && r.kv_drafts == 0
-                && r.kv.is_some()
             {
                 let position = r.scheduled;
                 r.kv_len += 1;
@@ -852,29 +909,35 @@ impl Scheduler {
                 r.scheduled = position + 1;
                 r.inflight += 1;
                 r.sampling_rows += 1;
-                dec_quad += (1 + position) as u64;
-                dec_lin += (1 + position) as u64;
+                dec_quad += u64::from(1 + position);
+                dec_lin += u64::from(1 + position);
                 tokens_left -= 1;
                 seqs_left -= 1;
                 decode_rows.push(DecodeFlight {
                     id: r.id,
-                    arrival: r.arrival,
                     position,
                     slot,
-                    incarnation: r.incarnation,
+                    epoch: r.epoch,
                     drafts: 0,
                     reserved: 0,
                     provisional: false,
                     cancelled: false,
+                });
+                plan.decode.push(DecodeRow {
+                    request: r.id,
+                    position: position as usize,
+                    drafts: 0,
+                    provisional: false,
                 });
                 i += 1;
                 continue;
             }
             let r = self.req(slot);
             let known = r.tokens.len();
-            if r.scheduled + 1 < known {
+            let scheduled = r.scheduled as usize;
+            if scheduled + 1 < known {
                 // Prefill (or recompute) chunk.
-                let start = r.scheduled;
+                let start = scheduled;
                 let remaining = known - start;
                 let q = self.chunk_len(
                     start,
@@ -887,12 +950,11 @@ impl Scheduler {
                     i += 1;
                     continue;
                 }
-                let incarnation = r.incarnation;
+                let epoch = r.epoch;
                 let id = r.id;
-                let arrival = r.arrival;
                 let samples = start + q == known;
                 let r = self.req_mut(slot);
-                r.scheduled += q;
+                r.scheduled += q as u32;
                 r.inflight += 1;
                 r.sampling_rows += u8::from(samples);
                 features.add(q, start);
@@ -909,9 +971,8 @@ impl Scheduler {
                 });
                 prefill_rows.push(FlightRow {
                     slot,
+                    epoch,
                     id,
-                    arrival,
-                    incarnation,
                     start,
                     len: q,
                     samples,
@@ -920,7 +981,7 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let provisional = r.scheduled == known;
+            let provisional = scheduled == known;
             if provisional && r.sampling_rows == 0 {
                 // Nothing to do until its rows in flight land (a non-sampling chunk).
                 i += 1;
@@ -947,11 +1008,13 @@ impl Scheduler {
                 0
             } else {
                 let ahead = if provisional { pending_tokens } else { 0 };
-                self.drafts_for(r, k_plan, ahead).min(tokens_left - 1)
+                // (Capped so a row's drafts and reservation fit its record.)
+                self.drafts_for(r, k_plan, ahead)
+                    .min(tokens_left - 1)
+                    .min(MAX_DRAFTS)
             };
             let id = r.id;
-            let arrival = r.arrival;
-            let incarnation = r.incarnation;
+            let epoch = r.epoch;
             // KV slots: append now when the input is known, else reserve.
             let mut reserved_here = 0;
             let ok = if provisional {
@@ -960,8 +1023,8 @@ impl Scheduler {
                 // yet materialised (one each, see `depth2_ok`), plus these rows.
                 let bs = self.kv.block_size();
                 let room = match pending_tokens - 1 {
-                    0 => r.kv_room,
-                    _ if r.kv_room >= 1 => r.kv_room - 1,
+                    0 => r.kv_room as usize,
+                    _ if r.kv_room >= 1 => r.kv_room as usize - 1,
                     _ => bs - 1,
                 };
                 let need = blocks_to_grow(room, 1 + k, bs);
@@ -988,7 +1051,7 @@ impl Scheduler {
             }
             let r = self.req_mut(slot);
             if !provisional {
-                r.scheduled = known;
+                r.scheduled = known as u32;
             }
             r.inflight += 1;
             r.sampling_rows += 1;
@@ -999,25 +1062,22 @@ impl Scheduler {
             seqs_left -= 1;
             decode_rows.push(DecodeFlight {
                 id,
-                arrival,
-                position,
+                position: position as u32,
                 slot,
-                incarnation,
-                drafts: k as u32,
-                reserved: u16::try_from(reserved_here).unwrap_or(u16::MAX),
+                epoch,
+                drafts: k as u16,
+                reserved: reserved_here as u16,
                 provisional,
                 cancelled: false,
             });
+            plan.decode.push(DecodeRow {
+                request: id,
+                position,
+                drafts: k,
+                provisional,
+            });
             i += 1;
         }
-
-        // The plan's decode rows, from the rows in flight in one pass.
-        plan.decode.extend(decode_rows.iter().map(|f| DecodeRow {
-            request: f.id,
-            position: f.position,
-            drafts: f.drafts as usize,
-            provisional: f.provisional,
-        }));
 
         // Then waiting requests, in priority / arrival order, while budget and blocks
         // last; none after a preemption (memory is short, and a request just
@@ -1113,17 +1173,17 @@ impl Scheduler {
             // Admitted: the record moves to the dense running slab.
             let mut r = self.take(ploc);
             r.tokens.reserve(extra);
-            r.kv_len = known;
+            r.kv_len = known as u32;
             r.kv_synced = known;
             r.kv_drafts = 0;
             r.kv = handle;
-            r.kv_room = nblocks * bs - known;
+            r.kv_room = (nblocks * bs - known) as u32;
             r.next_full = next_block_end(known, bs);
-            r.scheduled = reused + q;
+            r.scheduled = (reused + q) as u32;
             r.inflight += 1;
             r.sampling_rows += u8::from(samples);
-            let incarnation = r.incarnation;
             let slot = self.place(r, false).slot;
+            let epoch = self.req(slot).epoch;
             self.insert_running(slot);
             features.add(q, reused);
             if let Some(c) = coef {
@@ -1139,9 +1199,8 @@ impl Scheduler {
             });
             prefill_rows.push(FlightRow {
                 slot,
+                epoch,
                 id,
-                arrival: key.arrival,
-                incarnation,
                 start: reused,
                 len: q,
                 samples,
@@ -1199,14 +1258,14 @@ impl Scheduler {
         // increment and a token write in the block manager; block allocation (and
         // the reservation check it needs) happens at block boundaries only.
         if k == 0
-            && let Some(r) = self.slots[slot as usize].as_mut()
-            && r.kv_len + 1 == r.tokens.len()
+            && let Some(r) = self.slots.get_mut(slot as usize)
+            && r.kv_len as usize + 1 == r.tokens.len()
             && r.kv_room > 0
             && r.kv_drafts == 0
             && reserved <= self.kv.pool().num_free()
-            && r.kv.is_some()
         {
-            // The input joins the KV sequence with its block's batch (`sync_kv`).
+            // (A running record always has its KV sequence.) The input joins
+            // the KV sequence with its block's batch (`sync_kv`).
             r.kv_len += 1;
             r.kv_room -= 1;
             return true;
@@ -1218,14 +1277,14 @@ impl Scheduler {
     fn append_rows_slow(&mut self, slot: u32, k: usize, reserved: usize) -> bool {
         let bs = self.kv.block_size();
         let free = self.kv.pool().num_free();
-        let Some(r) = self.slots[slot as usize].as_mut() else {
+        let Some(r) = self.slots.get_mut(slot as usize).filter(|r| r.epoch != 0) else {
             return false;
         };
         // The input needs a slot unless the KV sequence holds it already: the
         // last prompt token, when the prompt's chunks stopped one short of it
         // (the sequence was allocated with the whole prompt).
-        let input = usize::from(r.kv_len < r.tokens.len());
-        let need = blocks_to_grow(r.kv_room, input + k, bs);
+        let input = usize::from((r.kv_len as usize) < r.tokens.len());
+        let need = blocks_to_grow(r.kv_room as usize, input + k, bs);
         if need + reserved > free {
             return false;
         }
@@ -1236,9 +1295,9 @@ impl Scheduler {
         {
             return false;
         }
-        r.kv_len += input;
-        r.kv_synced = r.kv_len;
-        r.kv_room = r.kv_room + need * bs - input - k;
+        r.kv_len += input as u32;
+        r.kv_synced = r.kv_len as usize;
+        r.kv_room = (r.kv_room as usize + need * bs - input - k) as u32;
         if k > 0 {
             self.slot_scratch.clear();
             let mut left = k;
@@ -1254,9 +1313,9 @@ impl Scheduler {
                 }
                 left -= n;
             }
-            r.kv_drafts = k - left;
+            r.kv_drafts = (k - left) as u32;
             if left > 0 {
-                r.kv_room = room_after(r.kv_len + r.kv_drafts, bs);
+                r.kv_room = room_after((r.kv_len + r.kv_drafts) as usize, bs);
             }
         } else {
             r.kv_drafts = 0;
@@ -1278,10 +1337,10 @@ impl Scheduler {
                 let mut which = Vec::new();
                 let mut confs: Vec<&[f64]> = Vec::new();
                 for (i, &s) in self.running.iter().enumerate() {
-                    let Some(r) = self.slots[s as usize].as_ref() else {
+                    let Some(r) = self.slots.get(s as usize) else {
                         continue;
                     };
-                    if r.scheduled + 1 >= r.tokens.len() {
+                    if r.scheduled as usize + 1 >= r.tokens.len() {
                         which.push(i);
                         let n = r.confidences.len().min(max_drafts);
                         confs.push(&r.confidences[..n]);
@@ -1384,7 +1443,7 @@ impl Scheduler {
                     prefetch_record(&self.slots, f8.slot);
                 }
                 if let Some(f4) = flight.rows.get(j + 4)
-                    && let Some(Some(r4)) = self.slots.get(f4.slot as usize)
+                    && let Some(r4) = self.slots.get(f4.slot as usize)
                 {
                     prefetch_line(r4.tokens.as_ptr().wrapping_add(r4.tokens.len()));
                 }
@@ -1395,26 +1454,27 @@ impl Scheduler {
                 // Steady case: the request still runs on the row's KV sequence and
                 // nothing speculative is pending, so the token only extends the
                 // history (and, once per block, reports the block computed).
-                if let Some(Some(r)) = self.slots.get_mut(fr.slot as usize)
-                    && r.arrival == fr.arrival
-                    && r.incarnation == fr.incarnation
+                // (A running record of the row's epoch is on the row's KV sequence.)
+                if let Some(r) = self.slots.get_mut(fr.slot as usize)
+                    && r.epoch == fr.epoch
                     && fr.drafts == 0
                     && r.kv_drafts == 0
                     && !r.has_confs
-                    && let Some(h) = r.kv
                 {
                     r.inflight -= 1;
                     r.sampling_rows -= 1;
-                    if r.kv_len >= r.next_full {
+                    if r.kv_len >= r.next_full
+                        && let Some(h) = r.kv
+                    {
                         // Reported in one batch after the walk (see `flush_computed`).
-                        self.computed_batch.push((h, r.kv_len));
+                        self.computed_batch.push((h, r.kv_len as usize));
                         self.computed_slots.push(fr.slot);
-                        r.next_full = next_block_end(r.kv_len, self.kv.block_size());
+                        r.next_full = next_block_end(r.kv_len as usize, self.kv.block_size());
                     }
                     r.tokens.push(t);
                     let reason = if r.has_stops && r.stop_tokens.contains(&t) {
                         Some(FinishReason::Stop)
-                    } else if r.tokens.len() >= r.limit {
+                    } else if r.tokens.len() >= r.limit as usize {
                         Some(FinishReason::Length)
                     } else {
                         None
@@ -1485,23 +1545,17 @@ impl Scheduler {
         res: &mut UpdateResult,
     ) -> Result<bool, SchedError> {
         // Aborted meanwhile (slot freed or reused by another request): ignore.
-        let Some(loc) = self.find_row(fr.slot, fr.id, fr.arrival) else {
+        let Some(loc) = self.find_row(fr.slot, fr.id, fr.epoch) else {
             return Ok(false);
         };
-        let slab = if loc.parked {
-            &mut self.parked
-        } else {
-            &mut self.slots
-        };
-        let Some(r) = slab[loc.slot as usize].as_mut() else {
+        let Some(r) = slab_mut(&mut self.slots, &mut self.parked, loc) else {
             return Ok(false);
         };
         r.inflight -= 1;
         r.sampling_rows -= u8::from(fr.samples);
-        // Still the KV sequence the row was planned on (running, not preempted since).
-        if let Some(h) =
-            r.kv.filter(|_| !loc.parked && r.incarnation == fr.incarnation)
-        {
+        // Still the KV sequence the row was planned on (running, not preempted
+        // since: the epochs match).
+        if let Some(h) = r.kv.filter(|_| !loc.parked) {
             sync_kv(&mut self.kv, r)?;
             self.kv.mark_computed_by_handle(h, fr.start + fr.len)?;
         }
@@ -1522,44 +1576,37 @@ impl Scheduler {
         stop: bool,
         res: &mut UpdateResult,
     ) -> Result<bool, SchedError> {
-        let Some(loc) = self.find_row(fr.slot, fr.id, fr.arrival) else {
+        let Some(loc) = self.find_row(fr.slot, fr.id, fr.epoch) else {
             return Ok(false);
         };
-        let slab = if loc.parked {
-            &mut self.parked
-        } else {
-            &mut self.slots
-        };
-        let Some(r) = slab[loc.slot as usize].as_mut() else {
+        let Some(r) = slab_mut(&mut self.slots, &mut self.parked, loc) else {
             return Ok(false);
         };
         r.inflight -= 1;
         r.sampling_rows -= 1;
-        if let Some(h) =
-            r.kv.filter(|_| !loc.parked && r.incarnation == fr.incarnation)
-        {
+        if let Some(h) = r.kv.filter(|_| !loc.parked) {
             let accepted = toks.len().saturating_sub(1).min(fr.drafts as usize);
             if r.kv_drafts > 0 {
                 // Accepted drafts keep their slots and get their real ids;
                 // the rest are rolled back.
                 let bs = self.kv.block_size();
-                let n = accepted.min(r.kv_drafts);
+                let n = accepted.min(r.kv_drafts as usize);
                 if let Some(c) = self.kv.commit_drafts(r.id, &toks[..n])? {
                     self.pending_copies.push(c);
                 }
                 // The manager holds the committed tokens and these `n` now.
-                r.kv_synced = r.kv_len + n;
-                r.kv_room = room_after(r.kv_len + n, bs);
+                r.kv_synced = r.kv_len as usize + n;
+                r.kv_room = room_after(r.kv_len as usize + n, bs);
                 r.kv_drafts = 0;
             }
-            r.kv_len += accepted;
+            r.kv_len += accepted as u32;
             // Accepted drafts were computed by this step.
-            r.scheduled += accepted;
+            r.scheduled += accepted as u32;
             // Only full blocks become cacheable: tell the manager when one fills.
             if r.kv_len >= r.next_full {
                 sync_kv(&mut self.kv, r)?;
-                self.kv.mark_computed_by_handle(h, r.kv_len)?;
-                r.next_full = next_block_end(r.kv_len, self.kv.block_size());
+                self.kv.mark_computed_by_handle(h, r.kv_len as usize)?;
+                r.next_full = next_block_end(r.kv_len as usize, self.kv.block_size());
             }
         }
         Ok(match take_sampled(r, toks, confs, stop) {
@@ -1582,7 +1629,7 @@ impl Scheduler {
         }
         let mut synced = Ok(());
         for &slot in &self.computed_slots {
-            if let Some(Some(r)) = self.slots.get_mut(slot as usize) {
+            if let Some(r) = self.slots.get_mut(slot as usize) {
                 synced = synced.and(sync_kv(&mut self.kv, r));
             }
         }
@@ -1627,18 +1674,11 @@ impl Scheduler {
     /// running on the KV sequence the row was planned on; otherwise the row is
     /// cancelled (its request finished, was aborted or preempted) and its
     /// request, if still live, no longer counts it in flight.
-    fn pending_live(
-        &mut self,
-        slot: u32,
-        id: RequestId,
-        arrival: u64,
-        inc: u32,
-        samples: bool,
-    ) -> Option<u32> {
-        let loc = self.find_row(slot, id, arrival);
+    fn pending_live(&mut self, slot: u32, id: RequestId, epoch: u32, samples: bool) -> Option<u32> {
+        // Same epoch and running: the KV sequence the row was planned on.
+        let loc = self.find_row(slot, id, epoch);
         if let Some(l) = loc
             && !l.parked
-            && self.get(l).is_some_and(|r| r.incarnation == inc)
         {
             return Some(l.slot);
         }
@@ -1663,7 +1703,7 @@ impl Scheduler {
         let mut removed_tokens = 0;
         for fr in pending.prefill.iter_mut().filter(|f| !f.cancelled) {
             if self
-                .pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation, fr.samples)
+                .pending_live(fr.slot, fr.id, fr.epoch, fr.samples)
                 .is_none()
             {
                 fr.cancelled = true;
@@ -1673,8 +1713,7 @@ impl Scheduler {
         }
         for fr in pending.rows.iter_mut().filter(|f| !f.cancelled) {
             let drafts = fr.drafts as usize;
-            let Some(slot) = self.pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation, true)
-            else {
+            let Some(slot) = self.pending_live(fr.slot, fr.id, fr.epoch, true) else {
                 fr.cancelled = true;
                 removed_tokens += 1 + drafts;
                 res.fixes.push(PlanFix::Cancel(fr.id));
@@ -1688,10 +1727,10 @@ impl Scheduler {
             // plan for the same request still counts one token to come.
             let actual = known - 1;
             if self.append_rows(slot, drafts, self.pending_reserve) {
-                self.req_mut(slot).scheduled = known;
+                self.req_mut(slot).scheduled = known as u32;
                 fr.provisional = false;
-                if actual != fr.position {
-                    fr.position = actual;
+                if actual != fr.position as usize {
+                    fr.position = actual as u32;
                     res.fixes.push(PlanFix::Position {
                         request: fr.id,
                         position: actual,
@@ -1720,7 +1759,7 @@ impl Scheduler {
             let mut removed = 0;
             for fr in later.prefill.iter_mut().filter(|f| !f.cancelled) {
                 if self
-                    .pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation, fr.samples)
+                    .pending_live(fr.slot, fr.id, fr.epoch, fr.samples)
                     .is_none()
                 {
                     fr.cancelled = true;
@@ -1730,9 +1769,7 @@ impl Scheduler {
             }
             for fr in later.rows.iter_mut().filter(|f| !f.cancelled) {
                 let drafts = fr.drafts as usize;
-                let Some(slot) =
-                    self.pending_live(fr.slot, fr.id, fr.arrival, fr.incarnation, true)
-                else {
+                let Some(slot) = self.pending_live(fr.slot, fr.id, fr.epoch, true) else {
                     fr.cancelled = true;
                     removed += 1 + drafts;
                     let r = usize::from(fr.reserved);
@@ -1753,9 +1790,9 @@ impl Scheduler {
                 self.pending_reserve -= r;
                 let known = self.req(slot).tokens.len();
                 if self.append_rows(slot, drafts, self.pending_reserve) {
-                    self.req_mut(slot).scheduled = known;
+                    self.req_mut(slot).scheduled = known as u32;
                     fr.provisional = false;
-                    fr.position = known - 1;
+                    fr.position = (known - 1) as u32;
                     res.later_fixes.push(PlanFix::Position {
                         request: fr.id,
                         position: known - 1,
@@ -1777,5 +1814,38 @@ impl Scheduler {
             self.flights.push_front(later);
         }
         self.flights.push_front(pending);
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// What a steady decode row touches stays in one cache line per record and
+    /// 32 bytes per row in flight.
+    #[test]
+    fn hot_fields_fit_the_first_cache_line() {
+        let end = offset_of!(Req, sampling_rows) + 1;
+        assert!(end <= 64, "hot line ends at {end}");
+        for off in [
+            offset_of!(Req, tokens),
+            offset_of!(Req, id),
+            offset_of!(Req, scheduled),
+            offset_of!(Req, kv_len),
+            offset_of!(Req, kv_room),
+            offset_of!(Req, next_full),
+            offset_of!(Req, limit),
+            offset_of!(Req, epoch),
+            offset_of!(Req, kv_drafts),
+            offset_of!(Req, has_stops),
+            offset_of!(Req, has_confs),
+            offset_of!(Req, inflight),
+        ] {
+            assert!(off < 64);
+        }
+        // The slab's `Option` costs no space (its tag sits in a niche).
+        assert_eq!(size_of::<Option<Req>>(), size_of::<Req>());
+        assert_eq!(size_of::<DecodeFlight>(), 32);
     }
 }

@@ -4,6 +4,7 @@
 
 use super::{Req, Scheduler};
 use crate::request::RequestId;
+use std::mem;
 
 /// Where a live request's record is: a slot of the dense running slab, or of
 /// the parked slab (waiting and preempted requests). Keeping the running
@@ -15,81 +16,105 @@ pub(super) struct Loc {
     pub(super) parked: bool,
 }
 
+/// The record at `loc` in the running slab (`slots`, where a vacant entry has
+/// epoch 0) or the parked one, if any; a free function so callers can borrow
+/// other fields of the scheduler meanwhile.
+pub(super) fn slab_mut<'a>(
+    slots: &'a mut [Req],
+    parked: &'a mut [Option<Req>],
+    loc: Loc,
+) -> Option<&'a mut Req> {
+    if loc.parked {
+        parked.get_mut(loc.slot as usize)?.as_mut()
+    } else {
+        slots.get_mut(loc.slot as usize).filter(|r| r.epoch != 0)
+    }
+}
+
 impl Scheduler {
     /// The record at `loc`, if any.
     pub(super) fn get(&self, loc: Loc) -> Option<&Req> {
-        let slab = if loc.parked {
-            &self.parked
+        if loc.parked {
+            self.parked.get(loc.slot as usize)?.as_ref()
         } else {
-            &self.slots
-        };
-        slab.get(loc.slot as usize)?.as_ref()
+            self.slots.get(loc.slot as usize).filter(|r| r.epoch != 0)
+        }
     }
 
     /// The record at `loc`, if any, mutably.
     pub(super) fn get_mut(&mut self, loc: Loc) -> Option<&mut Req> {
-        let slab = if loc.parked {
-            &mut self.parked
-        } else {
-            &mut self.slots
-        };
-        slab.get_mut(loc.slot as usize)?.as_mut()
+        slab_mut(&mut self.slots, &mut self.parked, loc)
     }
 
     /// The running request in `slot`.
     pub(super) fn req(&self, slot: u32) -> &Req {
         // Slots in the running list always hold a request; see `release`.
-        self.slots[slot as usize]
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("running slot {slot} is empty"))
+        let r = &self.slots[slot as usize];
+        debug_assert!(r.epoch != 0, "running slot {slot} is empty");
+        r
     }
 
     /// The running request in `slot`, mutably.
     pub(super) fn req_mut(&mut self, slot: u32) -> &mut Req {
-        self.slots[slot as usize]
-            .as_mut()
-            .unwrap_or_else(|| unreachable!("running slot {slot} is empty"))
+        let r = &mut self.slots[slot as usize];
+        debug_assert!(r.epoch != 0, "running slot {slot} is empty");
+        r
     }
 
     /// Where the request of a row in flight is now, if it is still the same
-    /// request (same arrival). The fast path is its running slot; a request
-    /// preempted since lives in the parked slab, found through its id.
+    /// request (same placement epoch). The fast path is its running slot; a
+    /// request preempted since lives in the parked slab (with the epoch it
+    /// had), found through its id.
     #[inline]
-    pub(super) fn find_row(&self, slot: u32, id: RequestId, arrival: u64) -> Option<Loc> {
-        if let Some(Some(r)) = self.slots.get(slot as usize)
-            && r.arrival == arrival
+    pub(super) fn find_row(&self, slot: u32, id: RequestId, epoch: u32) -> Option<Loc> {
+        // (Rows never carry epoch 0, so a vacant slot never matches.)
+        if let Some(r) = self.slots.get(slot as usize)
+            && r.epoch == epoch
+            && r.id == id
         {
             return Some(Loc {
                 slot,
                 parked: false,
             });
         }
-        self.find_moved(id, arrival)
+        self.find_moved(id, epoch)
     }
 
     #[cold]
     #[inline(never)]
-    pub(super) fn find_moved(&self, id: RequestId, arrival: u64) -> Option<Loc> {
+    pub(super) fn find_moved(&self, id: RequestId, epoch: u32) -> Option<Loc> {
         let loc = *self.ids.get(&id)?;
-        (self.get(loc)?.arrival == arrival).then_some(loc)
+        (self.get(loc)?.epoch == epoch).then_some(loc)
     }
 
-    /// Put a record into a slab; returns its location.
-    pub(super) fn place(&mut self, r: Req, parked: bool) -> Loc {
+    /// Put a record into a slab; returns its location. A record entering the
+    /// running slab gets a new placement epoch (never 0, which marks a vacant
+    /// running slot and a request that has not run yet).
+    pub(super) fn place(&mut self, mut r: Req, parked: bool) -> Loc {
         let id = r.id;
-        let (slab, free) = if parked {
-            (&mut self.parked, &mut self.free_parked)
-        } else {
-            (&mut self.slots, &mut self.free_slots)
-        };
-        let slot = match free.pop() {
-            Some(s) => {
-                slab[s as usize] = Some(r);
-                s
+        let slot = if parked {
+            match self.free_parked.pop() {
+                Some(s) => {
+                    self.parked[s as usize] = Some(r);
+                    s
+                }
+                None => {
+                    self.parked.push(Some(r));
+                    (self.parked.len() - 1) as u32
+                }
             }
-            None => {
-                slab.push(Some(r));
-                (slab.len() - 1) as u32
+        } else {
+            self.next_epoch = self.next_epoch.wrapping_add(1).max(1);
+            r.epoch = self.next_epoch;
+            match self.free_slots.pop() {
+                Some(s) => {
+                    self.slots[s as usize] = r;
+                    s
+                }
+                None => {
+                    self.slots.push(r);
+                    (self.slots.len() - 1) as u32
+                }
             }
         };
         let loc = Loc { slot, parked };
@@ -111,13 +136,13 @@ impl Scheduler {
         slab.reserve(self.slots.len());
         for &s in &self.running {
             perm[s as usize] = slab.len() as u32;
-            slab.push(self.slots[s as usize].take());
+            slab.push(mem::replace(&mut self.slots[s as usize], Req::vacant()));
         }
         // Only running requests live in this slab; keep any other record anyway.
         for (s, r) in self.slots.iter_mut().enumerate() {
-            if r.is_some() {
+            if r.epoch != 0 {
                 perm[s] = slab.len() as u32;
-                slab.push(r.take());
+                slab.push(mem::replace(r, Req::vacant()));
             }
         }
         std::mem::swap(&mut self.slots, &mut slab);
@@ -127,7 +152,7 @@ impl Scheduler {
             *s = i as u32;
         }
         for (i, r) in self.slots.iter().enumerate() {
-            if let Some(r) = r {
+            if r.epoch != 0 {
                 self.ids.insert(
                     r.id,
                     Loc {
@@ -151,16 +176,17 @@ impl Scheduler {
 
     /// Take a record out of its slab (its id stays mapped; the caller re-places or forgets it).
     pub(super) fn take(&mut self, loc: Loc) -> Req {
-        let (slab, free) = if loc.parked {
-            (&mut self.parked, &mut self.free_parked)
+        if loc.parked {
+            self.free_parked.push(loc.slot);
+            self.parked[loc.slot as usize]
+                .take()
+                .unwrap_or_else(|| unreachable!("taking empty slot {loc:?}"))
         } else {
-            (&mut self.slots, &mut self.free_slots)
-        };
-        let r = slab[loc.slot as usize]
-            .take()
-            .unwrap_or_else(|| unreachable!("taking empty slot {loc:?}"));
-        free.push(loc.slot);
-        r
+            self.free_slots.push(loc.slot);
+            let r = mem::replace(&mut self.slots[loc.slot as usize], Req::vacant());
+            debug_assert!(r.epoch != 0, "taking empty slot {loc:?}");
+            r
+        }
     }
 
     /// Drop a request from every structure but the running list (caller's job).
