@@ -778,9 +778,9 @@ impl BlockManager {
     }
 
     /// [`BlockManager::mark_computed_by_handle`] for many sequences at once (a decode step's
-    /// sequences whose block just filled). It first asks the CPU for every sequence's entry and the
-    /// ends of its hash and block lists, so their cache misses overlap instead of stalling one
-    /// after the other, then registers in order. Checks every item before changing anything: a
+    /// sequences whose block just filled). It first asks the CPU for every sequence's entry, the
+    /// ends of its hash and block lists and the pool's lines of the block it registers, so their
+    /// cache misses overlap instead of stalling one after the other, then registers in order. Checks every item before changing anything: a
     /// stale handle or a count past the end is an error and nothing is marked.
     pub fn mark_computed_batch(&mut self, items: &[(SeqHandle, usize)]) -> Result<()> {
         for &(h, _) in items {
@@ -805,6 +805,14 @@ impl BlockManager {
                     .wrapping_add(s.hashes.len().saturating_sub(1)),
             );
             prefetch_line(s.blocks.as_ptr().wrapping_add(s.registered));
+        }
+        // Then the pool's lines of the first block each item registers.
+        for &(h, _) in items {
+            if let Some(Some(s)) = self.seqs.get(h.index as usize)
+                && let Some(&b) = s.blocks.get(s.registered)
+            {
+                self.pool.prefetch_block(b);
+            }
         }
         for &(h, n) in items {
             self.mark_computed_by_handle(h, n)?;

@@ -433,6 +433,19 @@ impl BlockPool {
         true
     }
 
+    /// Hint that `block` is about to be registered: asks the CPU for its metadata, its key slot
+    /// and (with verification) its token slots, so callers registering many blocks overlap the
+    /// cache misses. Changes nothing.
+    #[inline]
+    pub fn prefetch_block(&self, block: BlockId) {
+        let b = block as usize;
+        prefetch_line(self.meta.as_ptr().wrapping_add(b));
+        prefetch_line(self.keys.as_ptr().wrapping_add(b));
+        if self.verify_tokens {
+            prefetch_line(self.tokens.as_ptr().wrapping_add(b * self.block_size));
+        }
+    }
+
     /// Removes `block`'s hash from the index (its content is about to change). The block's
     /// ref count is untouched.
     pub fn unregister(&mut self, block: BlockId) {
@@ -572,4 +585,17 @@ mod tests {
             ]
         );
     }
+}
+
+/// Ask for the cache line holding `p` (a hint: never faults, whatever the address).
+#[inline(always)]
+fn prefetch_line<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is a hint: it reads nothing architecturally and never faults, even for
+    // an invalid address; SSE is part of the x86_64 baseline.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }

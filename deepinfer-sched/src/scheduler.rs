@@ -1627,6 +1627,9 @@ impl Scheduler {
         for &(h, _) in &self.computed_batch {
             self.kv.prefetch(h, false);
         }
+        for &(h, _) in &self.computed_batch {
+            self.kv.prefetch(h, true);
+        }
         let mut synced = Ok(());
         for &slot in &self.computed_slots {
             if let Some(r) = self.slots.get_mut(slot as usize) {
