@@ -1178,7 +1178,9 @@ impl Scheduler {
             r.kv_drafts = 0;
             r.kv = handle;
             r.kv_room = (nblocks * bs - known) as u32;
-            r.next_full = next_block_end(known, bs);
+            // The block of the last prompt token: a decode row may compute it
+            // (when the prompt's chunks stop one short of it), and then fills it.
+            r.next_full = next_block_end(known - 1, bs);
             r.scheduled = (reused + q) as u32;
             r.inflight += 1;
             r.sampling_rows += u8::from(samples);
