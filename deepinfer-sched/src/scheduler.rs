@@ -466,6 +466,130 @@ fn prefetch_record(slots: &[Req], slot: u32) {
     prefetch_line(slots.as_ptr().wrapping_add(slot as usize));
 }
 
+/// Steady decode rows from `running[i..]`, at most `max_rows`: the input token
+/// is known, no drafts, room in the last block. Each reads and writes only its
+/// request's hot line and the two row lists (the input joins the KV sequence
+/// in its block's batch, see `sync_kv`). Stops at the first other row; returns
+/// where it stopped and the sum of `1 + position` over the rows taken.
+#[inline(never)]
+fn steady_decode_rows(
+    running: &[u32],
+    slots: &mut [Req],
+    mut i: usize,
+    max_rows: usize,
+    rows: &mut Vec<DecodeFlight>,
+    decode: &mut Vec<DecodeRow>,
+) -> (usize, u64) {
+    let end = running.len().min(i.saturating_add(max_rows));
+    rows.reserve(end - i);
+    decode.reserve(end - i);
+    let mut sum = 0u64;
+    while i < end {
+        // The record 8 rows on, so its misses overlap with this row's work.
+        if let Some(&s8) = running.get(i + 8) {
+            prefetch_record(slots, s8);
+        }
+        let slot = running[i];
+        let Some(r) = slots.get_mut(slot as usize) else {
+            break;
+        };
+        if r.scheduled as usize + 1 != r.tokens.len()
+            || r.kv_len != r.scheduled
+            || r.kv_room == 0
+            || r.kv_drafts != 0
+        {
+            break;
+        }
+        let position = r.scheduled;
+        r.kv_len += 1;
+        r.kv_room -= 1;
+        r.scheduled = position + 1;
+        r.inflight += 1;
+        r.sampling_rows += 1;
+        sum += u64::from(position) + 1;
+        rows.push(DecodeFlight {
+            id: r.id,
+            position,
+            slot,
+            epoch: r.epoch,
+            drafts: 0,
+            reserved: 0,
+            provisional: false,
+            cancelled: false,
+        });
+        decode.push(DecodeRow {
+            request: r.id,
+            position: position as usize,
+            drafts: 0,
+            provisional: false,
+        });
+        i += 1;
+    }
+    (i, sum)
+}
+
+/// The dense update's steady rows from `rows[j..]` (the next live one takes
+/// `toks[t]`): the request still runs on the row's KV sequence (same epoch),
+/// nothing speculative, stop-related or confidence-related is pending and the
+/// token does not end it, so the token only extends the history (and, once
+/// per block, the filled block is queued for `flush_computed`). Stops at the
+/// first other row; returns where it stopped.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn dense_steady_rows(
+    rows: &[DecodeFlight],
+    toks: &[u32],
+    slots: &mut [Req],
+    bs: usize,
+    mut j: usize,
+    mut t: usize,
+    batch: &mut Vec<(SeqHandle, usize)>,
+    batch_slots: &mut Vec<u32>,
+) -> (usize, usize) {
+    while let Some(fr) = rows.get(j) {
+        // Ask ahead for the records 8 rows on and the history ends 4 rows on
+        // (the token store each row makes), so their misses overlap.
+        if let Some(f8) = rows.get(j + 8) {
+            prefetch_record(slots, f8.slot);
+        }
+        if let Some(f4) = rows.get(j + 4)
+            && let Some(r4) = slots.get(f4.slot as usize)
+        {
+            prefetch_line(r4.tokens.as_ptr().wrapping_add(r4.tokens.len()));
+        }
+        if fr.cancelled {
+            j += 1;
+            continue;
+        }
+        let Some(&tok) = toks.get(t) else { break };
+        let Some(r) = slots.get_mut(fr.slot as usize) else {
+            break;
+        };
+        if r.epoch != fr.epoch
+            || fr.drafts != 0
+            || r.kv_drafts != 0
+            || r.has_confs
+            || r.has_stops
+            || r.tokens.len() + 1 >= r.limit as usize
+        {
+            break;
+        }
+        r.inflight -= 1;
+        r.sampling_rows -= 1;
+        if r.kv_len >= r.next_full
+            && let Some(h) = r.kv
+        {
+            batch.push((h, r.kv_len as usize));
+            batch_slots.push(fr.slot);
+            r.next_full = next_block_end(r.kv_len as usize, bs);
+        }
+        r.tokens.push(tok);
+        j += 1;
+        t += 1;
+    }
+    (j, t)
+}
+
 /// Blocks a sequence with `room` free slots in its last block allocates to
 /// grow by `n` tokens (divides only when a block boundary is crossed).
 fn blocks_to_grow(room: usize, n: usize, bs: usize) -> usize {
@@ -885,53 +1009,32 @@ impl Scheduler {
             if seqs_left == 0 || tokens_left == 0 {
                 break;
             }
+            // Runs of steady decode rows in a tight loop (blocks are allocated,
+            // and checked against reservations, on the general path below).
+            if no_drafts && reserved_blocks <= self.kv.pool().num_free() {
+                let (next, sum) = steady_decode_rows(
+                    &self.running,
+                    &mut self.slots,
+                    i,
+                    seqs_left.min(tokens_left),
+                    &mut decode_rows,
+                    &mut plan.decode,
+                );
+                if next > i {
+                    // One row each, no drafts: `q·(q + c)` and `q + c` agree.
+                    dec_quad += sum;
+                    dec_lin += sum;
+                    tokens_left -= next - i;
+                    seqs_left -= next - i;
+                    i = next;
+                    continue;
+                }
+            }
             // The record 8 rows on, so its misses overlap with this row's work.
             if let Some(&s8) = self.running.get(i + 8) {
                 prefetch_record(&self.slots, s8);
             }
             let slot = self.running[i];
-            // Steady decode: the input token is known, no drafts, room in the last
-            // block. It reads and writes only the request's hot line and the two
-            // row lists (the input joins the KV sequence in the block's batch, see
-            // `sync_kv`); blocks are allocated (and checked against reservations)
-            // on the general path, once per block.
-            if no_drafts
-                && reserved_blocks <= self.kv.pool().num_free()
-                && let Some(r) = self.slots.get_mut(slot as usize)
-                && r.scheduled as usize + 1 == r.tokens.len()
-                && r.kv_len == r.scheduled
-                && r.kv_room > 0
-                && r.kv_drafts == 0
-            {
-                let position = r.scheduled;
-                r.kv_len += 1;
-                r.kv_room -= 1;
-                r.scheduled = position + 1;
-                r.inflight += 1;
-                r.sampling_rows += 1;
-                dec_quad += u64::from(1 + position);
-                dec_lin += u64::from(1 + position);
-                tokens_left -= 1;
-                seqs_left -= 1;
-                decode_rows.push(DecodeFlight {
-                    id: r.id,
-                    position,
-                    slot,
-                    epoch: r.epoch,
-                    drafts: 0,
-                    reserved: 0,
-                    provisional: false,
-                    cancelled: false,
-                });
-                plan.decode.push(DecodeRow {
-                    request: r.id,
-                    position: position as usize,
-                    drafts: 0,
-                    provisional: false,
-                });
-                i += 1;
-                continue;
-            }
             let r = self.req(slot);
             let known = r.tokens.len();
             let scheduled = r.scheduled as usize;
@@ -1437,22 +1540,28 @@ impl Scheduler {
         }
         if dense {
             // One token per live decode row, in row order: nothing else to read.
-            let mut dense_tokens = out.decode_tokens.iter();
-            for (j, fr) in flight.rows.iter().enumerate() {
-                // Ask ahead for the records 8 rows on and the history ends 4 rows
-                // on (the token store each row makes), so their misses overlap.
-                if let Some(f8) = flight.rows.get(j + 8) {
-                    prefetch_record(&self.slots, f8.slot);
-                }
-                if let Some(f4) = flight.rows.get(j + 4)
-                    && let Some(r4) = self.slots.get(f4.slot as usize)
-                {
-                    prefetch_line(r4.tokens.as_ptr().wrapping_add(r4.tokens.len()));
-                }
+            // Runs of steady rows go through a tight loop; the others one by one.
+            let toks = &out.decode_tokens[..];
+            let bs = self.kv.block_size();
+            let (mut j, mut ti) = (0, 0);
+            loop {
+                (j, ti) = dense_steady_rows(
+                    &flight.rows,
+                    toks,
+                    &mut self.slots,
+                    bs,
+                    j,
+                    ti,
+                    &mut self.computed_batch,
+                    &mut self.computed_slots,
+                );
+                let Some(fr) = flight.rows.get(j) else { break };
+                j += 1;
                 if fr.cancelled {
                     continue;
                 }
-                let Some(&t) = dense_tokens.next() else { break };
+                let Some(&t) = toks.get(ti) else { break };
+                ti += 1;
                 // Steady case: the request still runs on the row's KV sequence and
                 // nothing speculative is pending, so the token only extends the
                 // history (and, once per block, reports the block computed).
