@@ -336,6 +336,17 @@ impl BlockPool {
             });
         };
         self.meta[b as usize].ref_count = 1;
+        // The next allocation takes the new head of a free list: ask for its lines now, so
+        // back-to-back allocations (a step's new blocks) overlap their cache misses.
+        let next = if self.empty.head != NIL {
+            self.empty.head
+        } else {
+            self.cached_free.head
+        };
+        if next != NIL {
+            prefetch_line(self.meta.as_ptr().wrapping_add(next as usize));
+            prefetch_line(self.keys.as_ptr().wrapping_add(next as usize));
+        }
         Ok(b)
     }
 
@@ -393,6 +404,10 @@ impl BlockPool {
     /// Releases a sequence's blocks tail first, so its last blocks (least likely to be shared)
     /// become the first eviction candidates.
     pub fn release_all(&mut self, blocks: &[BlockId]) -> Result<()> {
+        // Ask for every block's metadata first, so the cache misses overlap.
+        for &b in blocks {
+            prefetch_line(self.meta.as_ptr().wrapping_add(b as usize));
+        }
         for &b in blocks.iter().rev() {
             self.release(b)?;
         }

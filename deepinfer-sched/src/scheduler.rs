@@ -379,6 +379,9 @@ pub struct Scheduler {
     /// running slots of their requests.
     computed_batch: Vec<(SeqHandle, usize)>,
     computed_slots: Vec<u32>,
+    /// Running slots whose steady decode row starts a block this step (the
+    /// block is counted during the walk and allocated after it).
+    grow_slots: Vec<u32>,
     /// Blocks reserved by provisional rows of pending plans, not yet
     /// materialised (admissions and appends leave them free).
     pending_reserve: usize,
@@ -467,10 +470,12 @@ fn prefetch_record(slots: &[Req], slot: u32) {
 }
 
 /// Steady decode rows from `running[i..]`, at most `max_rows`: the input token
-/// is known, no drafts, room in the last block. Each reads and writes only its
-/// request's hot line and the two row lists (the input joins the KV sequence
-/// in its block's batch, see `sync_kv`). Stops at the first other row; returns
-/// where it stopped and the sum of `1 + position` over the rows taken.
+/// is known, no drafts. Each reads and writes only its request's hot line and
+/// the two row lists (the input joins the KV sequence in its block's batch,
+/// see `sync_kv`). A row that starts a block takes one of `grow_budget` blocks
+/// and queues its slot in `grow` (allocated after the walk, `flush_grow`).
+/// Stops at the first other row; returns where it stopped and the sum of
+/// `1 + position` over the rows taken.
 #[inline(never)]
 fn steady_decode_rows(
     running: &[u32],
@@ -479,6 +484,7 @@ fn steady_decode_rows(
     max_rows: usize,
     rows: &mut Vec<DecodeFlight>,
     decode: &mut Vec<DecodeRow>,
+    (bs, grow_budget, grow): (usize, &mut usize, &mut Vec<u32>),
 ) -> (usize, u64) {
     let end = running.len().min(i.saturating_add(max_rows));
     rows.reserve(end - i);
@@ -495,10 +501,15 @@ fn steady_decode_rows(
         };
         if r.scheduled as usize + 1 != r.tokens.len()
             || r.kv_len != r.scheduled
-            || r.kv_room == 0
             || r.kv_drafts != 0
+            || (r.kv_room == 0 && *grow_budget == 0)
         {
             break;
+        }
+        if r.kv_room == 0 {
+            *grow_budget -= 1;
+            grow.push(slot);
+            r.kv_room = bs as u32;
         }
         let position = r.scheduled;
         r.kv_len += 1;
@@ -638,6 +649,7 @@ impl Scheduler {
             finished_mask: Vec::new(),
             computed_batch: Vec::new(),
             computed_slots: Vec::new(),
+            grow_slots: Vec::new(),
             pending_reserve: 0,
             steps_since_compact: 0,
             perm_scratch: Vec::new(),
@@ -978,6 +990,10 @@ impl Scheduler {
         // Blocks promised to provisional rows materialised at the next update.
         // (Those of the plans still pending count too: see `pending_reserve`.)
         let mut reserved_blocks = self.pending_reserve;
+        // Blocks promised to steady rows that start a block, allocated in one
+        // batch after the walk (see `flush_grow`).
+        let mut pending_grow = 0;
+        self.grow_slots.clear();
         let time_budget = self.cfg.step_time_budget.filter(|_| self.cost.is_some());
         let coef = self.cost.as_ref().map(|c| c.coefficients());
         let mut time_left = match (time_budget, coef) {
@@ -1011,7 +1027,9 @@ impl Scheduler {
             }
             // Runs of steady decode rows in a tight loop (blocks are allocated,
             // and checked against reservations, on the general path below).
-            if no_drafts && reserved_blocks <= self.kv.pool().num_free() {
+            if no_drafts && reserved_blocks + pending_grow <= self.kv.pool().num_free() {
+                let mut grow_budget = self.kv.pool().num_free() - reserved_blocks - pending_grow;
+                let before = self.grow_slots.len();
                 let (next, sum) = steady_decode_rows(
                     &self.running,
                     &mut self.slots,
@@ -1019,7 +1037,9 @@ impl Scheduler {
                     seqs_left.min(tokens_left),
                     &mut decode_rows,
                     &mut plan.decode,
+                    (self.kv.block_size(), &mut grow_budget, &mut self.grow_slots),
                 );
+                pending_grow += self.grow_slots.len() - before;
                 if next > i {
                     // One row each, no drafts: `q·(q + c)` and `q + c` agree.
                     dec_quad += sum;
@@ -1131,7 +1151,7 @@ impl Scheduler {
                     _ => bs - 1,
                 };
                 let need = blocks_to_grow(room, 1 + k, bs);
-                if need + reserved_blocks <= self.kv.pool().num_free() {
+                if need + reserved_blocks + pending_grow <= self.kv.pool().num_free() {
                     reserved_blocks += need;
                     reserved_here = need;
                     true
@@ -1139,7 +1159,7 @@ impl Scheduler {
                     false
                 }
             } else {
-                self.append_rows(slot, k, reserved_blocks)
+                self.append_rows(slot, k, reserved_blocks + pending_grow)
             };
             if !ok {
                 // Out of blocks: preempt the lowest-priority newest request
@@ -1181,6 +1201,8 @@ impl Scheduler {
             });
             i += 1;
         }
+
+        self.flush_grow()?;
 
         // Then waiting requests, in priority / arrival order, while budget and blocks
         // last; none after a preemption (memory is short, and a request just
@@ -1724,6 +1746,34 @@ impl Scheduler {
             None => false,
             Some(reason) => self.finish(loc, reason, res),
         })
+    }
+
+    /// Allocate the blocks counted for the steady rows that start one (see
+    /// `steady_decode_rows`): each request hands its KV sequence the tokens it
+    /// counted, its new input included, which takes the block. In one batch
+    /// whose cache misses overlap; it cannot run out of blocks (they were
+    /// counted against the free ones, before any admission).
+    fn flush_grow(&mut self) -> Result<(), SchedError> {
+        if self.grow_slots.is_empty() {
+            return Ok(());
+        }
+        for &slot in &self.grow_slots {
+            if let Some(h) = self.slots.get(slot as usize).and_then(|r| r.kv) {
+                self.kv.prefetch(h, false);
+            }
+        }
+        for &slot in &self.grow_slots {
+            if let Some(h) = self.slots.get(slot as usize).and_then(|r| r.kv) {
+                self.kv.prefetch(h, true);
+            }
+        }
+        for &slot in &self.grow_slots {
+            if let Some(r) = self.slots.get_mut(slot as usize) {
+                sync_kv(&mut self.kv, r)?;
+            }
+        }
+        self.grow_slots.clear();
+        Ok(())
     }
 
     /// Report the blocks filled during the update walk, in one batch whose
