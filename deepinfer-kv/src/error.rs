@@ -30,6 +30,9 @@ pub enum KvError {
         /// Blocks that were free or evictable.
         available: usize,
     },
+    /// The sequence's token ids are kept by the caller (see `AllocateOptions::caller_keeps_tokens`).
+    #[error("sequence {0} does not keep its token ids (its caller does)")]
+    TokensNotKept(u64),
     /// A rollback asked to remove more tokens than the sequence holds.
     #[error("cannot roll back {requested} tokens: sequence holds {len}")]
     RollbackPastStart {

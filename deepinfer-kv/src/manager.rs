@@ -96,6 +96,12 @@ pub struct AllocateOptions<'a> {
     pub window_state_present: Option<&'a dyn Fn(BlockHash) -> bool>,
     /// The prompt is being re-allocated after preemption: its hits are not counted in the hit rate.
     pub recompute_after_preemption: bool,
+    /// The caller keeps the sequence's token ids (a scheduler's request history), so the manager
+    /// stores none: it counts tokens, and hashes full blocks from the ids the caller passes to
+    /// [`BlockManager::mark_computed_with`] or [`BlockManager::mark_computed_batch_with`] (until
+    /// then, computed blocks wait to be registered). [`BlockManager::tokens`] of such a sequence
+    /// is an error; the ids given to appends and `commit_drafts` are not kept.
+    pub caller_keeps_tokens: bool,
 }
 
 /// What [`BlockManager::allocate`] did.
@@ -192,14 +198,39 @@ impl SeqHandle {
 struct Sequence {
     id: u64,
     committed: usize,
-    tokens: Vec<u32>,
+    /// Tokens held, committed then draft.
+    len: usize,
     blocks: Vec<BlockId>,
     computed: usize,
-    /// Chained hashes of the leading full committed blocks known so far.
-    hashes: Vec<BlockHash>,
     /// Leading blocks already offered to the prefix cache.
     registered: usize,
+    /// The token ids, unless the caller keeps them (`keeps_tokens` false: empty).
+    tokens: Vec<u32>,
+    keeps_tokens: bool,
+    /// Chained hashes of the leading full committed blocks known so far.
+    hashes: Vec<BlockHash>,
     keys: ExtraKeys,
+}
+
+impl Sequence {
+    fn push_token(&mut self, t: u32) {
+        if self.keeps_tokens {
+            self.tokens.push(t);
+        }
+        self.len += 1;
+    }
+
+    fn push_tokens(&mut self, t: &[u32]) {
+        if self.keeps_tokens {
+            self.tokens.extend_from_slice(t);
+        }
+        self.len += t.len();
+    }
+
+    fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+        self.len = self.len.min(n);
+    }
 }
 
 /// Block tables of many sequences over one pool.
@@ -352,7 +383,11 @@ impl BlockManager {
 
     /// Tokens held by `seq` (committed then draft).
     pub fn tokens(&self, seq: u64) -> Result<&[u32]> {
-        Ok(&self.seq(seq)?.tokens)
+        let s = self.seq(seq)?;
+        if !s.keeps_tokens {
+            return Err(KvError::TokensNotKept(seq));
+        }
+        Ok(&s.tokens)
     }
 
     /// Number of committed tokens of `seq` (the rest are drafts).
@@ -369,7 +404,7 @@ impl BlockManager {
     pub fn sequence_usage(&self, seq: u64) -> Result<SequenceUsage> {
         let s = self.seq(seq)?;
         Ok(SequenceUsage {
-            tokens: s.tokens.len(),
+            tokens: s.len,
             blocks: s.blocks.len(),
             slots: s.blocks.len() * self.cfg.block_size,
         })
@@ -390,7 +425,7 @@ impl BlockManager {
     /// Blocks that appending `n` tokens to `seq` would allocate.
     pub fn blocks_needed_to_append(&self, seq: u64, n: usize) -> Result<usize> {
         let s = self.seq(seq)?;
-        Ok(div_ceil(s.tokens.len() + n, self.cfg.block_size).saturating_sub(s.blocks.len()))
+        Ok(div_ceil(s.len + n, self.cfg.block_size).saturating_sub(s.blocks.len()))
     }
 
     /// Whether `n` more tokens fit for `seq` (no watermark: running sequences may use it).
@@ -492,14 +527,19 @@ impl BlockManager {
         }
         self.stats.replayed_tokens += plan.replayed_tokens as u64;
         let num_blocks = blocks.len();
+        let keeps_tokens = !opts.caller_keeps_tokens;
         self.insert_seq(Sequence {
             id: seq,
             blocks,
-            tokens: {
+            tokens: if keeps_tokens {
                 let mut t = Vec::with_capacity(prompt.len() + bs);
                 t.extend_from_slice(prompt);
                 t
+            } else {
+                Vec::new()
             },
+            keeps_tokens,
+            len: prompt.len(),
             committed: prompt.len(),
             computed: plan.reused_tokens,
             hashes,
@@ -523,13 +563,13 @@ impl BlockManager {
     ) -> Result<()> {
         let bs = self.cfg.block_size;
         let s = Self::seq_mut(&mut self.seqs, index, seq)?;
-        if !draft && s.committed != s.tokens.len() {
+        if !draft && s.committed != s.len {
             return Err(KvError::DraftsPending(seq));
         }
         if let [t] = tokens {
             // The decode step, without divisions: block tables always hold exactly
             // ceil(len / block_size) blocks.
-            let len = s.tokens.len();
+            let len = s.len;
             if len == s.blocks.len() * bs {
                 s.blocks.push(self.pool.allocate()?);
             }
@@ -538,13 +578,13 @@ impl BlockManager {
                 block: s.blocks[idx],
                 offset: (len - idx * bs) as u32,
             });
-            s.tokens.push(*t);
+            s.push_token(*t);
             if !draft {
-                s.committed = s.tokens.len();
+                s.committed = s.len;
             }
             return Ok(());
         }
-        let len = s.tokens.len();
+        let len = s.len;
         let need = div_ceil(len + tokens.len(), bs).saturating_sub(s.blocks.len());
         if need > 0 {
             // All or nothing: allocate_n checks availability before taking any block.
@@ -557,9 +597,9 @@ impl BlockManager {
                 offset: (p % bs) as u32,
             });
         }
-        s.tokens.extend_from_slice(tokens);
+        s.push_tokens(tokens);
         if !draft {
-            s.committed = s.tokens.len();
+            s.committed = s.len;
         }
         Ok(())
     }
@@ -579,12 +619,12 @@ impl BlockManager {
         // Fast path: a live sequence without drafts whose last block has room.
         if let Some(Some(s)) = self.seqs.get_mut(h.index as usize)
             && s.id == h.id
-            && s.committed == s.tokens.len()
-            && s.tokens.len() < s.blocks.len() * bs
+            && s.committed == s.len
+            && s.len < s.blocks.len() * bs
         {
-            let len = s.tokens.len();
+            let len = s.len;
             let idx = s.blocks.len() - 1;
-            s.tokens.push(token);
+            s.push_token(token);
             s.committed = len + 1;
             return Ok(Slot {
                 block: s.blocks[idx],
@@ -602,11 +642,11 @@ impl BlockManager {
         let bs = self.cfg.block_size;
         if let Some(Some(s)) = self.seqs.get_mut(h.index as usize)
             && s.id == h.id
-            && s.committed == s.tokens.len()
-            && s.tokens.len() < s.blocks.len() * bs
+            && s.committed == s.len
+            && s.len < s.blocks.len() * bs
         {
-            s.tokens.push(token);
-            s.committed = s.tokens.len();
+            s.push_token(token);
+            s.committed = s.len;
             return Ok(());
         }
         self.append_token_slow(h, token).map(|_| ())
@@ -617,20 +657,21 @@ impl BlockManager {
     /// themselves and track block room on their own: they may hand a block's tokens over in one
     /// call (for instance when it fills, before [`BlockManager::mark_computed_by_handle`]) instead
     /// of one call per token, as long as every token is handed over before anything reads the
-    /// sequence's length or tokens, and no block is needed past the ones already held.
+    /// sequence's length or tokens. For a sequence whose caller keeps the token ids
+    /// ([`AllocateOptions::caller_keeps_tokens`]) only their count is taken.
     pub fn extend_by_handle(&mut self, h: SeqHandle, tokens: &[u32]) -> Result<()> {
         let bs = self.cfg.block_size;
         let s = Self::seq_mut(&mut self.seqs, h.index as usize, h.id)?;
-        if s.committed != s.tokens.len() {
+        if s.committed != s.len {
             return Err(KvError::DraftsPending(h.id));
         }
-        let need = div_ceil(s.tokens.len() + tokens.len(), bs).saturating_sub(s.blocks.len());
+        let need = div_ceil(s.len + tokens.len(), bs).saturating_sub(s.blocks.len());
         if need > 0 {
             // All or nothing: allocate_n checks availability before taking any block.
             self.pool.allocate_n(need, &mut s.blocks)?;
         }
-        s.tokens.extend_from_slice(tokens);
-        s.committed = s.tokens.len();
+        s.push_tokens(tokens);
+        s.committed = s.len;
         Ok(())
     }
 
@@ -645,7 +686,9 @@ impl BlockManager {
             prefetch_line(self.seqs.as_ptr().wrapping_add(h.index as usize));
             return;
         }
-        if let Some(Some(s)) = self.seqs.get(h.index as usize) {
+        if let Some(Some(s)) = self.seqs.get(h.index as usize)
+            && s.keeps_tokens
+        {
             prefetch_line(s.tokens.as_ptr().wrapping_add(s.tokens.len()));
         }
     }
@@ -655,16 +698,16 @@ impl BlockManager {
     fn append_token_slow(&mut self, h: SeqHandle, token: u32) -> Result<Slot> {
         let bs = self.cfg.block_size;
         let s = Self::seq_mut(&mut self.seqs, h.index as usize, h.id)?;
-        if s.committed != s.tokens.len() {
+        if s.committed != s.len {
             return Err(KvError::DraftsPending(h.id));
         }
         // Block tables always hold exactly ceil(len / block_size) blocks.
-        let len = s.tokens.len();
+        let len = s.len;
         if len == s.blocks.len() * bs {
             s.blocks.push(self.pool.allocate()?);
         }
         let idx = s.blocks.len() - 1;
-        s.tokens.push(token);
+        s.push_token(token);
         s.committed = len + 1;
         Ok(Slot {
             block: s.blocks[idx],
@@ -702,8 +745,8 @@ impl BlockManager {
     pub fn accept_drafts(&mut self, seq: u64) -> Result<()> {
         let i = self.seq_index(seq)?;
         let s = Self::seq_mut(&mut self.seqs, i, seq)?;
-        s.committed = s.tokens.len();
-        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
+        s.committed = s.len;
+        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s, None);
         Ok(())
     }
 
@@ -714,7 +757,9 @@ impl BlockManager {
         let i = self.seq_index(seq)?;
         let bs = self.cfg.block_size;
         let s = Self::seq_mut(&mut self.seqs, i, seq)?;
-        s.tokens.reserve(additional);
+        if s.keeps_tokens {
+            s.tokens.reserve(additional);
+        }
         s.blocks.reserve(additional.div_ceil(bs) + 1);
         s.hashes.reserve(additional.div_ceil(bs) + 1);
         Ok(())
@@ -730,7 +775,7 @@ impl BlockManager {
     pub fn commit_drafts(&mut self, seq: u64, accepted: &[u32]) -> Result<Option<CopyOp>> {
         let i = self.seq_index(seq)?;
         let s = Self::seq_mut(&mut self.seqs, i, seq)?;
-        let drafts = s.tokens.len() - s.committed;
+        let drafts = s.len - s.committed;
         if accepted.len() > drafts {
             return Err(KvError::TooManyAccepted {
                 accepted: accepted.len(),
@@ -741,9 +786,11 @@ impl BlockManager {
         let copy = self.rollback(seq, drafts - accepted.len())?;
         let s = Self::seq_mut(&mut self.seqs, i, seq)?;
         let c = s.committed;
-        s.tokens[c..c + accepted.len()].copy_from_slice(accepted);
-        s.committed = s.tokens.len();
-        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
+        if s.keeps_tokens {
+            s.tokens[c..c + accepted.len()].copy_from_slice(accepted);
+        }
+        s.committed = s.len;
+        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s, None);
         Ok(copy)
     }
 
@@ -752,28 +799,51 @@ impl BlockManager {
     pub fn mark_computed(&mut self, seq: u64, num_tokens: usize) -> Result<()> {
         let i = self.seq_index(seq)?;
         let s = Self::seq_mut(&mut self.seqs, i, seq)?;
-        if num_tokens > s.tokens.len() {
+        if num_tokens > s.len {
             return Err(KvError::ComputedPastEnd {
                 requested: num_tokens,
-                len: s.tokens.len(),
+                len: s.len,
             });
         }
         s.computed = s.computed.max(num_tokens);
-        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
+        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s, None);
         Ok(())
     }
 
     /// [`BlockManager::mark_computed`] through a handle (no id lookup).
     pub fn mark_computed_by_handle(&mut self, h: SeqHandle, num_tokens: usize) -> Result<()> {
+        self.mark_computed_inner(h, num_tokens, None)
+    }
+
+    /// [`BlockManager::mark_computed_by_handle`] for a sequence whose caller keeps its token ids
+    /// (see [`AllocateOptions::caller_keeps_tokens`]): `tokens` are its committed tokens (at least
+    /// the full blocks to register; a shorter slice registers fewer), and full committed and
+    /// computed blocks are hashed from them. For a sequence the manager keeps the tokens of,
+    /// `tokens` is not used.
+    pub fn mark_computed_with(
+        &mut self,
+        h: SeqHandle,
+        num_tokens: usize,
+        tokens: &[u32],
+    ) -> Result<()> {
+        self.mark_computed_inner(h, num_tokens, Some(tokens))
+    }
+
+    fn mark_computed_inner(
+        &mut self,
+        h: SeqHandle,
+        num_tokens: usize,
+        tokens: Option<&[u32]>,
+    ) -> Result<()> {
         let s = Self::seq_mut(&mut self.seqs, h.index as usize, h.id)?;
-        if num_tokens > s.tokens.len() {
+        if num_tokens > s.len {
             return Err(KvError::ComputedPastEnd {
                 requested: num_tokens,
-                len: s.tokens.len(),
+                len: s.len,
             });
         }
         s.computed = s.computed.max(num_tokens);
-        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s);
+        register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s, tokens);
         Ok(())
     }
 
@@ -783,6 +853,25 @@ impl BlockManager {
     /// cache misses overlap instead of stalling one after the other, then registers in order. Checks every item before changing anything: a
     /// stale handle or a count past the end is an error and nothing is marked.
     pub fn mark_computed_batch(&mut self, items: &[(SeqHandle, usize)]) -> Result<()> {
+        self.mark_computed_batch_inner(items, |_| None)
+    }
+
+    /// [`BlockManager::mark_computed_batch`] for sequences whose callers keep the token ids:
+    /// `tokens(i)` gives the committed tokens of `items[i]`'s sequence (see
+    /// [`BlockManager::mark_computed_with`]).
+    pub fn mark_computed_batch_with<'t>(
+        &mut self,
+        items: &[(SeqHandle, usize)],
+        tokens: impl Fn(usize) -> &'t [u32],
+    ) -> Result<()> {
+        self.mark_computed_batch_inner(items, |i| Some(tokens(i)))
+    }
+
+    fn mark_computed_batch_inner<'t>(
+        &mut self,
+        items: &[(SeqHandle, usize)],
+        tokens: impl Fn(usize) -> Option<&'t [u32]>,
+    ) -> Result<()> {
         for &(h, _) in items {
             prefetch_line(self.seqs.as_ptr().wrapping_add(h.index as usize));
         }
@@ -793,10 +882,10 @@ impl BlockManager {
                 .and_then(Option::as_ref)
                 .filter(|s| s.id == h.id)
                 .ok_or(KvError::UnknownSequence(h.id))?;
-            if n > s.tokens.len() {
+            if n > s.len {
                 return Err(KvError::ComputedPastEnd {
                     requested: n,
-                    len: s.tokens.len(),
+                    len: s.len,
                 });
             }
             prefetch_line(
@@ -814,8 +903,8 @@ impl BlockManager {
                 self.pool.prefetch_block(b);
             }
         }
-        for &(h, n) in items {
-            self.mark_computed_by_handle(h, n)?;
+        for (i, &(h, n)) in items.iter().enumerate() {
+            self.mark_computed_inner(h, n, tokens(i))?;
         }
         Ok(())
     }
@@ -828,7 +917,7 @@ impl BlockManager {
         let bs = self.cfg.block_size;
         let i = self.seq_index(seq)?;
         let s = Self::seq_mut(&mut self.seqs, i, seq)?;
-        let len = s.tokens.len();
+        let len = s.len;
         if n > len {
             return Err(KvError::RollbackPastStart { requested: n, len });
         }
@@ -854,7 +943,7 @@ impl BlockManager {
         } else if let Some(tail) = partial_tail {
             self.pool.unregister(tail);
         }
-        s.tokens.truncate(new_len);
+        s.truncate(new_len);
         s.committed = s.committed.min(new_len);
         s.computed = s.computed.min(new_len);
         s.hashes.truncate(new_len / bs);
@@ -873,7 +962,7 @@ impl BlockManager {
         let p = self.seq(parent)?;
         let mut c = p.clone();
         c.id = child;
-        let partial = !p.tokens.len().is_multiple_of(bs);
+        let partial = !p.len.is_multiple_of(bs);
         let mut copy = None;
         if partial {
             let src = *c.blocks.last().ok_or(KvError::UnknownSequence(parent))?;
@@ -967,25 +1056,36 @@ impl BlockManager {
     }
 }
 
-/// Offers every full block of `s` that is committed and computed to the prefix cache.
+/// Offers every full block of `s` that is committed and computed to the prefix cache. The token
+/// ids come from `s` when it keeps them, else from `caller` (the caller's committed tokens; only
+/// the full blocks they cover are offered, and none without them: those wait for a later call).
 fn register_blocks(
     pool: &mut BlockPool,
     hasher: &mut BlockHasher,
     cfg: &BlockManagerConfig,
     s: &mut Sequence,
+    caller: Option<&[u32]>,
 ) {
     if !cfg.enable_prefix_caching {
         return;
     }
     let bs = cfg.block_size;
-    let limit = s.committed.min(s.computed) / bs;
+    let toks: &[u32] = if s.keeps_tokens {
+        &s.tokens
+    } else {
+        match caller {
+            Some(t) => t,
+            None => return,
+        }
+    };
+    let limit = (s.committed.min(s.computed) / bs).min(toks.len() / bs);
     if limit <= s.registered {
         return;
     }
     while s.hashes.len() < limit {
         let i = s.hashes.len();
         let parent = s.hashes.last().copied();
-        let h = hasher.hash_block(parent, &s.tokens[i * bs..(i + 1) * bs], i * bs, &s.keys);
+        let h = hasher.hash_block(parent, &toks[i * bs..(i + 1) * bs], i * bs, &s.keys);
         s.hashes.push(h);
     }
     for i in s.registered..limit {
@@ -996,7 +1096,7 @@ fn register_blocks(
             s.blocks[i],
             s.hashes[i],
             parent,
-            &s.tokens[i * bs..(i + 1) * bs],
+            &toks[i * bs..(i + 1) * bs],
         );
     }
     s.registered = s.registered.max(limit);

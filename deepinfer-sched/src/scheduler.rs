@@ -436,10 +436,13 @@ fn take_sampled(r: &mut Req, toks: &[u32], confs: &[f64], stop: bool) -> Option<
 }
 
 /// Hands the tokens a request's KV sequence holds but the block manager has
-/// not been given yet (steady decode rows only count them) to the manager.
-/// Allocates nothing: the request's blocks already cover them.
+/// not been told of yet (steady decode rows only count them) to the manager,
+/// which counts them (the history is the token list: see
+/// `AllocateOptions::caller_keeps_tokens`). Allocates no block unless a steady
+/// row started one (`flush_grow`). Only tokens the history holds are handed
+/// over (accepted drafts cut short by a stop token are not).
 fn sync_kv(kv: &mut BlockManager, r: &mut Req) -> Result<(), KvError> {
-    let len = r.kv_len as usize;
+    let len = (r.kv_len as usize).min(r.tokens.len());
     if r.kv_synced < len
         && let Some(h) = r.kv
     {
@@ -1250,6 +1253,8 @@ impl Scheduler {
                 tokens,
                 AllocateOptions {
                     recompute_after_preemption: recompute,
+                    // The history is the token list: the manager only counts.
+                    caller_keeps_tokens: true,
                     ..Default::default()
                 },
             );
@@ -1690,7 +1695,8 @@ impl Scheduler {
         // since: the epochs match).
         if let Some(h) = r.kv.filter(|_| !loc.parked) {
             sync_kv(&mut self.kv, r)?;
-            self.kv.mark_computed_by_handle(h, fr.start + fr.len)?;
+            self.kv
+                .mark_computed_with(h, fr.start + fr.len, &r.tokens)?;
         }
         Ok(match take_sampled(r, toks, confs, stop) {
             None => false,
@@ -1717,6 +1723,7 @@ impl Scheduler {
         };
         r.inflight -= 1;
         r.sampling_rows -= 1;
+        let mut mark = None;
         if let Some(h) = r.kv.filter(|_| !loc.parked) {
             let accepted = toks.len().saturating_sub(1).min(fr.drafts as usize);
             if r.kv_drafts > 0 {
@@ -1735,14 +1742,19 @@ impl Scheduler {
             r.kv_len += accepted as u32;
             // Accepted drafts were computed by this step.
             r.scheduled += accepted as u32;
-            // Only full blocks become cacheable: tell the manager when one fills.
+            // Only full blocks become cacheable: tell the manager when one fills
+            // (once the history holds the accepted drafts it hashes them from).
             if r.kv_len >= r.next_full {
-                sync_kv(&mut self.kv, r)?;
-                self.kv.mark_computed_by_handle(h, r.kv_len as usize)?;
+                mark = Some(h);
                 r.next_full = next_block_end(r.kv_len as usize, self.kv.block_size());
             }
         }
-        Ok(match take_sampled(r, toks, confs, stop) {
+        let reason = take_sampled(r, toks, confs, stop);
+        if let Some(h) = mark {
+            sync_kv(&mut self.kv, r)?;
+            self.kv.mark_computed_with(h, r.kv_synced, &r.tokens)?;
+        }
+        Ok(match reason {
             None => false,
             Some(reason) => self.finish(loc, reason, res),
         })
@@ -1797,7 +1809,14 @@ impl Scheduler {
                 synced = synced.and(sync_kv(&mut self.kv, r));
             }
         }
-        let r = synced.and_then(|()| self.kv.mark_computed_batch(&self.computed_batch));
+        let (slots, which) = (&self.slots, &self.computed_slots);
+        let r = synced.and_then(|()| {
+            self.kv.mark_computed_batch_with(&self.computed_batch, |i| {
+                slots
+                    .get(which[i] as usize)
+                    .map_or(&[][..], |r| r.tokens.as_slice())
+            })
+        });
         self.computed_batch.clear();
         self.computed_slots.clear();
         Ok(r?)

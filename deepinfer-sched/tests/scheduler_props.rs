@@ -139,13 +139,11 @@ fn simulate_with(
             queue.push_back(s.schedule().unwrap());
         }
         let res = s.update(&out).unwrap();
-        // The block manager's committed tokens are each history's prefix (the
-        // scheduler hands decode inputs over a block at a time).
+        // The block manager counts no more tokens than each history holds (it
+        // keeps none itself: the history is the token list).
         for i in 0..w.reqs.len() as RequestId {
-            if let (Some(h), Ok(kt), Ok(c)) =
-                (s.tokens(i), s.kv().tokens(i), s.kv().num_committed(i))
-            {
-                assert!(c <= h.len() && kt[..c] == h[..c], "request {i}");
+            if let (Some(h), Ok(c)) = (s.tokens(i), s.kv().num_committed(i)) {
+                assert!(c <= h.len(), "request {i}");
             }
         }
         done.extend(res.finished.iter().cloned());
