@@ -258,6 +258,60 @@ fn grammar(c: &mut Criterion) {
             }
         })
     });
+    // The pushdown path: `json_object` (unbounded nesting) and a recursive
+    // tree schema, compile time and mask fill per token (per element).
+    let tree = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "value": {"type": "integer"},
+            "children": {"type": "array", "items": {"$ref": "#"}},
+        },
+        "required": ["value"],
+    });
+    let recursive = [
+        (
+            "json_object",
+            GrammarSpec::JsonObject,
+            r#"{"user": {"name": "Ann", "tags": ["a", "b", {"k": [1, 2.5, null]}]}, "ok": true, "n": -3}"#,
+        ),
+        (
+            "tree_schema",
+            GrammarSpec::JsonSchema(tree),
+            r#"{"value": 1, "children": [{"value": 2, "children": [{"value": 3}]}, {"value": 4, "children": []}]}"#,
+        ),
+    ];
+    group.throughput(Throughput::Elements(1));
+    for (name, spec, _) in &recursive {
+        group.bench_function(format!("compile_{name}"), |b| {
+            b.iter(|| backend.compile(spec, &vocab).unwrap())
+        });
+    }
+    for (name, spec, text) in &recursive {
+        let document = tokenizer.encode_plain(text).unwrap();
+        group.throughput(Throughput::Elements(document.len() as u64));
+        group.bench_function(format!("mask_fill_{name}_uncached"), |b| {
+            b.iter(|| {
+                let grammar = backend.compile(spec, &vocab).unwrap();
+                let mut matcher = grammar.matcher();
+                let mut mask = vec![0u32; vocab.mask_words()];
+                for &id in &document {
+                    matcher.fill_bitmask(&mut mask).unwrap();
+                    matcher.accept(id).unwrap();
+                }
+            })
+        });
+        let grammar = backend.compile(spec, &vocab).unwrap();
+        group.bench_function(format!("mask_fill_{name}_cached"), |b| {
+            b.iter(|| {
+                let mut matcher = grammar.matcher();
+                let mut mask = vec![0u32; vocab.mask_words()];
+                for &id in &document {
+                    matcher.fill_bitmask(&mut mask).unwrap();
+                    matcher.accept(id).unwrap();
+                }
+            })
+        });
+    }
     group.finish();
 }
 

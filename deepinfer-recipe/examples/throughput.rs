@@ -1,7 +1,16 @@
-//! Throughput of prompt encoding and of the stream parser, in wall time and
-//! in this process's CPU time (useful on a shared, loaded machine).
+//! Throughput of prompt encoding, of the stream parser and of grammar mask
+//! fill, in wall time and in this process's CPU time (useful on a shared,
+//! loaded machine).
 //!
-//! `cargo run --release --example throughput -p deepinfer-recipe`
+//! `cargo run --release --example throughput -p deepinfer-recipe [encode|parser|grammar]`
+//!
+//! `grammar` compares the DFA path (a flat schema) with the pushdown path
+//! (`json_object`, a recursive tree schema): per token, one mask fill and one
+//! accept along a document, with every state already cached (steady state)
+//! and from a fresh compile (first visits). `GRAMMAR=dfa|json_object|tree`
+//! runs one; for instruction counts of the cached walks, run it under
+//! `valgrind --tool=callgrind --toggle-collect='*measured_walk*'` (with
+//! `FIRST=0` to skip the first-visit runs).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -9,10 +18,101 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use deepinfer_recipe::grammar::{
+    CompiledGrammar, GrammarBackend, GrammarSpec, GrammarVocab, RegexBackend,
+};
 use deepinfer_recipe::protocol::{ParsingOptions, ThinkingStart};
 use deepinfer_recipe::{
-    Conversation, EventBuffer, Message, PromptFormat, PromptTokenizer, Renderer, StreamParser,
+    Conversation, EventBuffer, Message, PromptFormat, PromptTokenizer, Renderer, SpecialToken,
+    StreamParser,
 };
+
+/// One mask fill and one accept per token along `ids` (states cached).
+#[inline(never)]
+fn steady_walk(grammar: &dyn CompiledGrammar, ids: &[u32], mask: &mut [u32]) {
+    let mut matcher = grammar.matcher();
+    for &id in ids {
+        matcher.fill_bitmask(mask).expect("mask");
+        matcher.accept(id).expect("accept");
+    }
+}
+
+/// [`steady_walk`] for the measured repetitions only.
+#[inline(never)]
+fn measured_walk(grammar: &dyn CompiledGrammar, ids: &[u32], mask: &mut [u32]) {
+    steady_walk(grammar, ids, mask);
+}
+
+fn grammar_cases(tokenizer: &Arc<PromptTokenizer>) {
+    let eos = tokenizer
+        .special_id(SpecialToken::Eos.deepseek_spelling())
+        .expect("eos");
+    let vocab = Arc::new(GrammarVocab::from_tokenizer(tokenizer, &[eos], &[]));
+    let cases = [
+        (
+            "dfa",
+            GrammarSpec::JsonSchema(serde_json::json!({
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            })),
+            r#"{"city": "Paris, the capital of France", "days": 14}"#,
+        ),
+        (
+            "json_object",
+            GrammarSpec::JsonObject,
+            r#"{"user": {"name": "Ann", "tags": ["a", "b", {"k": [1, 2.5, null]}]}, "ok": true, "n": -3}"#,
+        ),
+        (
+            "tree",
+            GrammarSpec::JsonSchema(serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "value": {"type": "integer"},
+                    "children": {"type": "array", "items": {"$ref": "#"}},
+                },
+                "required": ["value"],
+            })),
+            r#"{"value": 1, "children": [{"value": 2, "children": [{"value": 3}]}, {"value": 4, "children": []}]}"#,
+        ),
+    ];
+    let only = std::env::var("GRAMMAR").unwrap_or_default();
+    let reps = std::env::var("REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(200);
+    let backend = RegexBackend::default();
+    let mut mask = vec![0u32; vocab.mask_words()];
+    for (name, spec, text) in cases {
+        if !only.is_empty() && only != name {
+            continue;
+        }
+        let ids = tokenizer.encode_plain(text).expect("encode");
+        let grammar = backend.compile(&spec, &vocab).expect("compile");
+        steady_walk(grammar.as_ref(), &ids, &mut mask);
+        measure(
+            &format!(
+                "grammar {name}: fill + accept per token, cached ({} tokens)",
+                ids.len()
+            ),
+            ids.len(),
+            reps,
+            || measured_walk(grammar.as_ref(), &ids, &mut mask),
+        );
+        if std::env::var("FIRST").is_ok_and(|f| f == "0") {
+            continue;
+        }
+        measure(
+            &format!("grammar {name}: compile + walk, first visits"),
+            ids.len(),
+            3,
+            || {
+                let fresh = backend.compile(&spec, &vocab).expect("compile");
+                steady_walk(fresh.as_ref(), &ids, &mut mask);
+            },
+        );
+    }
+}
 
 /// CPU time (user + system) of this process so far.
 fn cpu_time() -> Duration {
@@ -54,6 +154,9 @@ fn main() {
         measure("encode 1M parallel", n, 5, || {
             drop(tokenizer.encode(&rendered))
         });
+    }
+    if what.is_empty() || what == "grammar" {
+        grammar_cases(&tokenizer);
     }
     if what.is_empty() || what == "parser" {
         let mut ids = tokenizer

@@ -28,6 +28,7 @@
 //! are rejected with [`GrammarError::Unsupported`].
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
 use regex_automata::dfa::{Automaton, StartKind, dense};
@@ -46,6 +47,11 @@ pub const MAX_RULES: usize = 1 << 16;
 
 /// Default stack-depth cap (nesting of recursive rules) of the backend.
 pub const DEFAULT_MAX_DEPTH: usize = 256;
+
+/// State flag: can still complete its rule.
+const GOOD: u8 = 1;
+/// State flag: no call and no return possible (its closure is itself).
+const PLAIN: u8 = 2;
 
 /// Most cached stack-dependent resolutions per DFA state.
 const RESOLVED_PER_STATE: usize = 64;
@@ -104,6 +110,29 @@ impl Rules {
     }
 }
 
+/// A multiplicative hasher for the small integer keys (state ids, frame
+/// nodes) of the matcher's hot maps; SipHash costs more than the lookups.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u32(u32::from(byte));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0.rotate_left(29) ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
 /// Stack bottom: nothing below this frame.
 const BOTTOM: u32 = u32::MAX;
 /// Unknown context (mask classification): any caller may be below.
@@ -122,7 +151,7 @@ struct Config {
 #[derive(Debug, Clone, Default)]
 struct Arena {
     nodes: Vec<(StateID, u32, u32)>,
-    intern: HashMap<(StateID, u32), u32>,
+    intern: IdMap<(StateID, u32), u32>,
 }
 
 impl Arena {
@@ -171,6 +200,8 @@ struct Classified {
     accepted: Vec<u32>,
     /// Positions in `vocab.sorted` of tokens that depend on the stack.
     uncertain: Vec<u32>,
+    /// Whether `accepted` has any token.
+    any: bool,
 }
 
 /// Uncertain tokens resolved against a stack whose top frames are `frames`.
@@ -198,7 +229,6 @@ struct Walk {
     levels: Vec<Vec<Config>>,
     closed: Vec<Vec<Config>>,
     closed_ok: Vec<bool>,
-    prev: Vec<u8>,
 }
 
 enum Outcome {
@@ -214,11 +244,13 @@ pub struct CompiledPushdown {
     stride2: usize,
     starts: Vec<StateID>,
     info: Vec<StateInfo>,
+    /// Per state index: [`GOOD`] and [`PLAIN`] bits (hot-loop copy of `info`).
+    flags: Vec<u8>,
     /// Return states of each rule's call sites.
     returns: Vec<Vec<StateID>>,
     max_depth: usize,
-    classes: Mutex<HashMap<StateID, Arc<Classified>>>,
-    resolved: Mutex<HashMap<StateID, Vec<Arc<Resolved>>>>,
+    classes: Mutex<IdMap<StateID, Arc<Classified>>>,
+    resolved: Mutex<IdMap<StateID, Vec<Arc<Resolved>>>>,
 }
 
 impl std::fmt::Debug for CompiledPushdown {
@@ -278,10 +310,11 @@ impl CompiledPushdown {
             vocab,
             starts,
             info: Vec::new(),
+            flags: Vec::new(),
             returns: vec![Vec::new(); rules.len()],
             max_depth,
-            classes: Mutex::new(HashMap::new()),
-            resolved: Mutex::new(HashMap::new()),
+            classes: Mutex::new(IdMap::default()),
+            resolved: Mutex::new(IdMap::default()),
         };
         let edges = compiled.explore(rules.len())?;
         let productive = compiled.mark_good(&edges);
@@ -306,6 +339,14 @@ impl CompiledPushdown {
             }
         }
         compiled.mark_eps_accept();
+        compiled.flags = compiled
+            .info
+            .iter()
+            .map(|info| {
+                let plain = info.calls.is_empty() && !info.accepting;
+                (u8::from(info.good) * GOOD) | (u8::from(plain) * PLAIN)
+            })
+            .collect();
         compiled.check_left_recursion(rules)?;
         let mut matcher = PushdownMatcher::new(Arc::new(compiled));
         let mut mask = vec![0u32; matcher.compiled.vocab.mask_words()];
@@ -322,8 +363,12 @@ impl CompiledPushdown {
         self.info.get(self.index(state))
     }
 
+    fn flags(&self, state: StateID) -> u8 {
+        self.flags.get(self.index(state)).copied().unwrap_or(0)
+    }
+
     fn good(&self, state: StateID) -> bool {
-        self.info(state).is_some_and(|info| info.good)
+        self.flags(state) & GOOD != 0
     }
 
     fn dead(&self, state: StateID) -> bool {
@@ -637,7 +682,6 @@ impl CompiledPushdown {
             levels,
             closed,
             closed_ok,
-            prev,
         } = buffers;
         if levels.is_empty() {
             levels.push(Vec::new());
@@ -647,16 +691,11 @@ impl CompiledPushdown {
         levels[0].clear();
         levels[0].push(start);
         closed_ok[0] = false;
-        prev.clear();
+        let mut prev: &[u8] = &[];
         let mut valid = 0usize;
         for (key, bytes) in tokens {
-            let common = bytes
-                .iter()
-                .zip(prev.iter())
-                .take_while(|(a, b)| a == b)
-                .count();
-            prev.clear();
-            prev.extend_from_slice(bytes);
+            let common = bytes.iter().zip(prev).take_while(|(a, b)| a == b).count();
+            prev = bytes;
             let mut level = valid.min(common);
             if levels.len() <= bytes.len() {
                 levels.resize(bytes.len() + 1, Vec::new());
@@ -664,11 +703,26 @@ impl CompiledPushdown {
                 closed_ok.resize(bytes.len() + 1, false);
             }
             while level < bytes.len() && !levels[level].is_empty() {
-                if !closed_ok[level] {
-                    self.closure(arena, track, &levels[level], &mut closed[level]);
-                    closed_ok[level] = true;
+                let (done, rest) = levels.split_at_mut(level + 1);
+                let here = &done[level];
+                let next = &mut rest[0];
+                // One configuration with no call or return to take: read the
+                // byte like a plain DFA (most of the vocabulary goes here).
+                if let [single] = here.as_slice()
+                    && self.flags(single.state) & PLAIN != 0
+                {
+                    next.clear();
+                    let state = self.dfa.next_state(single.state, bytes[level]);
+                    if bytes[level] != CALL_BYTE && self.good(state) {
+                        next.push(Config { state, ..*single });
+                    }
+                } else {
+                    if !closed_ok[level] {
+                        self.closure(arena, track, here, &mut closed[level]);
+                        closed_ok[level] = true;
+                    }
+                    self.step(&closed[level], bytes[level], next);
                 }
-                self.step(&closed[level], bytes[level], &mut levels[level + 1]);
                 closed_ok[level + 1] = false;
                 level += 1;
             }
@@ -730,6 +784,7 @@ impl CompiledPushdown {
             },
         );
         let classified = Arc::new(Classified {
+            any: accepted.iter().any(|&w| w != 0),
             accepted,
             uncertain,
         });
@@ -916,25 +971,40 @@ impl PushdownMatcher {
 
 impl Matcher for PushdownMatcher {
     fn fill_bitmask(&mut self, mask: &mut [u32]) -> Result<(), GrammarError> {
-        mask.fill(0);
         if self.finished > 0 {
+            mask.fill(0);
             return Ok(());
         }
         let compiled = Arc::clone(&self.compiled);
-        let configs = self.current().to_vec();
-        for config in &configs {
+        let count = self.current().len();
+        if count == 0 {
+            mask.fill(0);
+        }
+        let mut any = false;
+        for index in 0..count {
+            let config = self.current()[index];
             let classified = compiled.classified(config.state);
-            for (out, word) in mask.iter_mut().zip(&classified.accepted) {
-                *out |= *word;
+            let words = mask.len().min(classified.accepted.len());
+            if index == 0 {
+                // The first parse's cached mask is copied, not merged.
+                let (head, tail) = mask.split_at_mut(words);
+                head.copy_from_slice(&classified.accepted[..words]);
+                tail.fill(0);
+            } else {
+                for (out, word) in mask.iter_mut().zip(&classified.accepted) {
+                    *out |= *word;
+                }
             }
+            any |= classified.any;
             if classified.uncertain.is_empty() {
                 continue;
             }
             let resolved =
-                compiled.resolve(&mut self.arena, &mut self.buffers, *config, &classified);
+                compiled.resolve(&mut self.arena, &mut self.buffers, config, &classified);
             for &id in &resolved.accepted {
                 if let Some(word) = mask.get_mut(id as usize / 32) {
                     *word |= 1 << (id % 32);
+                    any = true;
                 }
             }
         }
@@ -942,10 +1012,11 @@ impl Matcher for PushdownMatcher {
             for &eos in &compiled.vocab.eos {
                 if let Some(word) = mask.get_mut(eos as usize / 32) {
                     *word |= 1 << (eos % 32);
+                    any = true;
                 }
             }
         }
-        if mask.iter().any(|&w| w != 0) {
+        if any {
             Ok(())
         } else {
             Err(GrammarError::Unsatisfiable)
