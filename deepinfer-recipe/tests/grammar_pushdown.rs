@@ -712,7 +712,7 @@ fn depth_cap_is_a_typed_error() {
         &tokenizer.encode_plain(r#"{"a": "#).unwrap(),
     )
     .unwrap();
-    // The start rule holds the outer object; each `[` nests one value.
+    // Frames: the start rule, the outer object, then one value per `[`.
     let mut result = Ok(());
     let mut opened = 0;
     for _ in 0..20 {
@@ -723,7 +723,7 @@ fn depth_cap_is_a_typed_error() {
         opened += 1;
     }
     assert_eq!(result, Err(GrammarError::DepthLimit(10)));
-    assert_eq!(opened, 9);
+    assert_eq!(opened, 8);
     // The matcher is unchanged by the refused token and can close up.
     let close = tokenizer.encode_plain("]").unwrap()[0];
     matcher.accept(close).unwrap();
@@ -824,4 +824,30 @@ fn recursive_grammars_that_cannot_finish_or_recurse_left_are_errors() {
     matcher.accept(1).unwrap();
     assert!(matcher.is_complete());
     assert_eq!(matcher.accept(1), Err(GrammarError::Rejected(1)));
+}
+
+#[test]
+fn free_form_values_nest_freely_inside_recursive_schemas_only() {
+    let tokenizer = common::tokenizer();
+    let backend = RegexBackend::default();
+    let with_data = |recursive: bool| {
+        let mut properties = serde_json::json!({"data": {}, "name": {"type": "string"}});
+        if recursive {
+            properties["next"] = serde_json::json!({"$ref": "#"});
+        }
+        serde_json::json!({"type": "object", "properties": properties, "required": ["data"]})
+    };
+    let deep = format!(r#"{{"data": {}1{}}}"#, "[".repeat(10), "]".repeat(10));
+    let accepts = |schema| {
+        let grammar = backend
+            .compile(&GrammarSpec::JsonSchema(schema), &vocab())
+            .unwrap();
+        let mut matcher = grammar.matcher();
+        let ids = tokenizer.encode_plain(&deep).unwrap();
+        ids.iter().try_for_each(|&id| matcher.accept(id)).is_ok() && matcher.is_complete()
+    };
+    // Recursive schema: the pushdown path, free-form JSON without a bound.
+    assert!(accepts(with_data(true)));
+    // Non-recursive schema: the unchanged DFA path, free-form JSON bounded.
+    assert!(!accepts(with_data(false)));
 }

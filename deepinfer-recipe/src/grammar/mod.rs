@@ -29,8 +29,9 @@
 //! error): `allOf` with more than one entry, `patternProperties`, `pattern`
 //! with `minLength` / `maxLength`, left-recursive EBNF rules (`a ::= a "x"`;
 //! write `a ::= "y" "x"*`), recursive `$ref` in strict tool parameters.
-//! Untyped values inside schemas (`{}`, `true`, objects without
-//! `properties`) stay nested at most [`JSON_DEPTH`] deep. Bounds on `number`
+//! Free-form values inside schemas (`{}`, `true`, objects without
+//! `properties`) nest without bound in recursive schemas (pushdown path) and
+//! at most [`JSON_DEPTH`] deep in the others (DFA path). Bounds on `number`
 //! are accepted but not enforced (strict tools reject them).
 
 mod dfa;

@@ -675,7 +675,7 @@ impl CompiledPushdown {
         track: &mut Track,
         buffers: &mut Walk,
         start: Config,
-        tokens: impl Iterator<Item = (usize, &'t [u8])>,
+        tokens: impl Iterator<Item = (usize, &'t [u8], Option<usize>)>,
         mut emit: impl FnMut(usize, Outcome),
     ) {
         let Walk {
@@ -693,8 +693,11 @@ impl CompiledPushdown {
         closed_ok[0] = false;
         let mut prev: &[u8] = &[];
         let mut valid = 0usize;
-        for (key, bytes) in tokens {
-            let common = bytes.iter().zip(prev).take_while(|(a, b)| a == b).count();
+        for (key, bytes, known) in tokens {
+            // Bytes shared with the previous token (given for the whole
+            // sorted vocabulary, computed for subsets).
+            let common =
+                known.unwrap_or_else(|| bytes.iter().zip(prev).take_while(|(a, b)| a == b).count());
             prev = bytes;
             let mut level = valid.min(common);
             if levels.len() <= bytes.len() {
@@ -767,7 +770,15 @@ impl CompiledPushdown {
         };
         let mut accepted = vec![0u32; self.vocab.mask_words()];
         let mut uncertain = Vec::new();
-        let tokens = (0..self.vocab.sorted.len()).map(|p| (p, self.sorted_token(p).1));
+        let tokens = self
+            .vocab
+            .sorted
+            .iter()
+            .enumerate()
+            .map(|(p, &(_, start, len, common))| {
+                let bytes = &self.vocab.bytes[start as usize..(start + len) as usize];
+                (p, bytes, Some(common as usize))
+            });
         self.walk(
             &mut Arena::default(),
             &mut Track::default(),
@@ -827,7 +838,7 @@ impl CompiledPushdown {
         let mut accepted = Vec::new();
         let tokens = classified.uncertain.iter().map(|&p| {
             let (_, bytes) = self.sorted_token(p as usize);
-            (p as usize, bytes)
+            (p as usize, bytes, None)
         });
         self.walk(
             arena,

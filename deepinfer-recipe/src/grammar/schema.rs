@@ -46,18 +46,47 @@ pub fn json_object_regex(depth: usize) -> String {
     )
 }
 
+/// Names (keys in [`Builder::calls`]) of the free-form JSON rules.
+const STRING_RULE: &str = "(string)";
+const VALUE_RULE: &str = "(value)";
+const OBJECT_RULE: &str = "(object)";
+
+/// Add the free-form JSON rules (any string, value, object; nesting without
+/// limit) to `rules`, returning their calls by name. Strings are a rule of
+/// their own so that every string, whatever its context, shares one set of
+/// DFA states, and with it one mask cache.
+fn json_rules(rules: &mut Rules) -> HashMap<String, usize> {
+    let string = rules.declare(STRING_RULE);
+    let value = rules.declare(VALUE_RULE);
+    let object = rules.declare(OBJECT_RULE);
+    let (s, v, o) = (Rules::call(string), Rules::call(value), Rules::call(object));
+    rules.define(string, STRING.to_owned());
+    let array = format!(r"\[{WS}(?:{v}(?:{WS},{WS}{v})*)?{WS}\]");
+    rules.define(
+        value,
+        format!("(?:{s}|{NUMBER}|true|false|null|{o}|{array})"),
+    );
+    rules.define(
+        object,
+        format!(r"\{{{WS}(?:{s}{WS}:{WS}{v}(?:{WS},{WS}{s}{WS}:{WS}{v})*)?{WS}\}}"),
+    );
+    [
+        (STRING_RULE, string),
+        (VALUE_RULE, value),
+        (OBJECT_RULE, object),
+    ]
+    .into_iter()
+    .map(|(name, rule)| (name.to_owned(), rule))
+    .collect()
+}
+
 /// Any JSON object, nested without limit: rules for the pushdown matcher.
 pub(crate) fn json_object_rules() -> Rules {
     let mut rules = Rules::new();
     let start = rules.declare("(start)");
-    let value = rules.declare("value");
-    let call = Rules::call(value);
-    let members = format!(r"(?:{STRING}{WS}:{WS}{call}(?:{WS},{WS}{STRING}{WS}:{WS}{call})*)?");
-    rules.define(start, format!(r"{WS}\{{{WS}{members}{WS}\}}{WS}"));
-    let object = format!(r"\{{{WS}{members}{WS}\}}");
-    let array = format!(r"\[{WS}(?:{call}(?:{WS},{WS}{call})*)?{WS}\]");
-    let scalar = format!("{STRING}|{NUMBER}|true|false|null");
-    rules.define(value, format!("(?:{scalar}|{object}|{array})"));
+    let calls = json_rules(&mut rules);
+    let object = Rules::call(calls[OBJECT_RULE]);
+    rules.define(start, format!("{WS}{object}{WS}"));
     rules
 }
 
@@ -84,10 +113,12 @@ pub(crate) fn schema_grammar(schema: &Value) -> Result<Lowered, GrammarError> {
     let recursive = std::mem::take(&mut builder.recursive);
     let mut rules = Rules::new();
     let start = rules.declare("(start)");
-    let calls: HashMap<String, usize> = recursive
+    let mut calls: HashMap<String, usize> = recursive
         .iter()
         .map(|reference| (reference.clone(), rules.declare(reference.clone())))
         .collect();
+    // Free-form values inside a recursive schema nest without limit too.
+    calls.extend(json_rules(&mut rules));
     let lower = |target: &Value| {
         let mut builder = Builder::new(schema);
         builder.calls = calls.clone();
@@ -149,6 +180,27 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// A free-form JSON string, value or object: a call to its rule when
+    /// compiling rules, else the bounded regex.
+    fn free(&self, rule: &str) -> String {
+        match (self.calls.get(rule), rule) {
+            (Some(&call), _) => Rules::call(call),
+            (None, STRING_RULE) => STRING.to_owned(),
+            (None, OBJECT_RULE) => json_object_regex(JSON_DEPTH),
+            (None, _) => json_value_regex(JSON_DEPTH),
+        }
+    }
+
+    /// As [`Builder::free`], one level shallower on the regex path (the
+    /// container around it takes one level).
+    fn free_inner(&self, rule: &str) -> String {
+        match (self.calls.get(rule), rule) {
+            (Some(&call), _) => Rules::call(call),
+            (None, OBJECT_RULE) => json_object_regex(JSON_DEPTH - 1),
+            (None, _) => json_value_regex(JSON_DEPTH - 1),
+        }
+    }
+
     fn value(&mut self, schema: &'a Value) -> Result<String, GrammarError> {
         self.depth += 1;
         if self.depth > 32 {
@@ -164,7 +216,7 @@ impl<'a> Builder<'a> {
     fn value_inner(&mut self, schema: &'a Value) -> Result<String, GrammarError> {
         let Some(object) = schema.as_object() else {
             return match schema {
-                Value::Bool(true) => Ok(json_value_regex(JSON_DEPTH)),
+                Value::Bool(true) => Ok(self.free(VALUE_RULE)),
                 _ => Err(GrammarError::Unsupported(format!("schema {schema}"))),
             };
         };
@@ -229,7 +281,7 @@ impl<'a> Builder<'a> {
                 Ok(format!("(?:{})", alternatives.join("|")))
             }
             None if object.contains_key("properties") => self.typed("object", object),
-            None => Ok(json_value_regex(JSON_DEPTH)),
+            None => Ok(self.free(VALUE_RULE)),
             Some(other) => Err(GrammarError::Unsupported(format!("type {other}"))),
         }
     }
@@ -255,7 +307,7 @@ impl<'a> Builder<'a> {
                     return super::pattern::string_pattern_regex(pattern);
                 }
                 Ok(match (min, max) {
-                    (None, None) => STRING.to_owned(),
+                    (None, None) => self.free(STRING_RULE),
                     (min, max) => {
                         let min = min.unwrap_or(0);
                         let max = max.map(|m| m.to_string()).unwrap_or_default();
@@ -273,7 +325,7 @@ impl<'a> Builder<'a> {
             "array" => {
                 let item = match object.get("items") {
                     Some(items) => self.value(items)?,
-                    None => json_value_regex(JSON_DEPTH - 1),
+                    None => self.free_inner(VALUE_RULE),
                 };
                 let min = count("minItems").unwrap_or(0);
                 let max = count("maxItems");
@@ -290,7 +342,7 @@ impl<'a> Builder<'a> {
             }
             "object" => {
                 let Some(properties) = object.get("properties").and_then(Value::as_object) else {
-                    return Ok(json_object_regex(JSON_DEPTH - 1));
+                    return Ok(self.free_inner(OBJECT_RULE));
                 };
                 let required: Vec<&str> = object
                     .get("required")
