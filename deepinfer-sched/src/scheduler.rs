@@ -689,7 +689,12 @@ impl Scheduler {
         &self.cfg
     }
 
-    /// The block manager (block tables for the engine, usage, events).
+    /// The block manager (block tables for the engine, usage, events). It
+    /// keeps no token ids for the scheduler's requests (their histories are the
+    /// token lists, see [`Scheduler::tokens`]), so its `tokens` of a request
+    /// is an error, and the length it counts for a decoding request may trail
+    /// the history by up to a block (the block's tokens are counted when it
+    /// fills); block tables are always complete for the rows planned.
     pub fn kv(&self) -> &BlockManager {
         &self.kv
     }
