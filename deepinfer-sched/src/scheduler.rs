@@ -483,45 +483,61 @@ fn prefetch_record(slots: &[Req], slot: u32) {
 fn steady_decode_rows(
     running: &[u32],
     slots: &mut [Req],
-    mut i: usize,
+    i: usize,
     max_rows: usize,
     rows: &mut Vec<DecodeFlight>,
     decode: &mut Vec<DecodeRow>,
     (bs, grow_budget, grow): (usize, &mut usize, &mut Vec<u32>),
 ) -> (usize, u64) {
     let end = running.len().min(i.saturating_add(max_rows));
-    rows.reserve(end - i);
-    decode.reserve(end - i);
+    let run = &running[i..end];
+    let n = run.len();
+    // The rows are written into reserved room and the lengths set once after
+    // the walk: no capacity check or length store per row, and the vectors'
+    // pointers stay in registers.
+    rows.reserve(n);
+    decode.reserve(n);
+    let grow_room = n.min(*grow_budget);
+    grow.reserve(grow_room);
+    let rows_out = &mut rows.spare_capacity_mut()[..n];
+    let decode_out = &mut decode.spare_capacity_mut()[..n];
+    let grow_out = &mut grow.spare_capacity_mut()[..grow_room];
+    // The records 8 rows on, so their misses overlap with this row's work.
+    let ahead = running
+        .get(i + 8..end.saturating_add(8).min(running.len()))
+        .unwrap_or(&[]);
     let mut sum = 0u64;
-    while i < end {
-        // The record 8 rows on, so its misses overlap with this row's work.
-        if let Some(&s8) = running.get(i + 8) {
+    let mut k = 0;
+    let mut g = 0;
+    while k < n {
+        if let Some(&s8) = ahead.get(k) {
             prefetch_record(slots, s8);
         }
-        let slot = running[i];
+        let slot = run[k];
         let Some(r) = slots.get_mut(slot as usize) else {
             break;
         };
-        if r.scheduled as usize + 1 != r.tokens.len()
-            || r.kv_len != r.scheduled
-            || r.kv_drafts != 0
-            || (r.kv_room == 0 && *grow_budget == 0)
-        {
+        let position = r.scheduled;
+        if position as usize + 1 != r.tokens.len() || r.kv_len != position || r.kv_drafts != 0 {
             break;
         }
         if r.kv_room == 0 {
-            *grow_budget -= 1;
-            grow.push(slot);
+            // The row starts a block: one of the budget's blocks, allocated
+            // after the walk (`flush_grow`); no budget left ends the run.
+            let Some(o) = grow_out.get_mut(g) else {
+                break;
+            };
+            o.write(slot);
+            g += 1;
             r.kv_room = bs as u32;
         }
-        let position = r.scheduled;
-        r.kv_len += 1;
+        r.kv_len = position + 1;
         r.kv_room -= 1;
         r.scheduled = position + 1;
         r.inflight += 1;
         r.sampling_rows += 1;
         sum += u64::from(position) + 1;
-        rows.push(DecodeFlight {
+        rows_out[k].write(DecodeFlight {
             id: r.id,
             position,
             slot,
@@ -531,23 +547,32 @@ fn steady_decode_rows(
             provisional: false,
             cancelled: false,
         });
-        decode.push(DecodeRow {
+        decode_out[k].write(DecodeRow {
             request: r.id,
             position: position as usize,
             drafts: 0,
             provisional: false,
         });
-        i += 1;
+        k += 1;
     }
-    (i, sum)
+    // SAFETY: the first `k` entries of `rows`' and `decode`'s spare room and
+    // the first `g` of `grow`'s were written above (`MaybeUninit::write`), and
+    // were reserved (`k <= n`, `g <= grow_room`).
+    unsafe {
+        rows.set_len(rows.len() + k);
+        decode.set_len(decode.len() + k);
+        grow.set_len(grow.len() + g);
+    }
+    *grow_budget -= g;
+    (i + k, sum)
 }
 
-/// The dense update's steady rows from `rows[j..]` (the next live one takes
-/// `toks[t]`): the request still runs on the row's KV sequence (same epoch),
-/// nothing speculative, stop-related or confidence-related is pending and the
-/// token does not end it, so the token only extends the history (and, once
-/// per block, the filled block is queued for `flush_computed`). Stops at the
-/// first other row; returns where it stopped.
+/// The dense update's steady rows from `rows[j..]` (row `j + k` takes
+/// `toks[t + k]`): the request still runs on the row's KV sequence (same
+/// epoch), nothing speculative, stop-related or confidence-related is pending
+/// and the token does not end it, so the token only extends the history (and,
+/// once per block, the filled block is queued for `flush_computed`). Stops at
+/// the first other row (a cancelled one included); returns where it stopped.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 fn dense_steady_rows(
@@ -555,32 +580,33 @@ fn dense_steady_rows(
     toks: &[u32],
     slots: &mut [Req],
     bs: usize,
-    mut j: usize,
-    mut t: usize,
+    j: usize,
+    t: usize,
     batch: &mut Vec<(SeqHandle, usize)>,
     batch_slots: &mut Vec<u32>,
 ) -> (usize, usize) {
-    while let Some(fr) = rows.get(j) {
-        // Ask ahead for the records 8 rows on and the history ends 4 rows on
-        // (the token store each row makes), so their misses overlap.
-        if let Some(f8) = rows.get(j + 8) {
+    let run = rows.get(j..).unwrap_or(&[]);
+    let toks = toks.get(t..).unwrap_or(&[]);
+    // The records 8 rows on and the history ends 4 rows on (the token store
+    // each row makes), so their misses overlap.
+    let ahead8 = run.get(8..).unwrap_or(&[]);
+    let ahead4 = run.get(4..).unwrap_or(&[]);
+    let mut k = 0;
+    for (fr, &tok) in run.iter().zip(toks) {
+        if let Some(f8) = ahead8.get(k) {
             prefetch_record(slots, f8.slot);
         }
-        if let Some(f4) = rows.get(j + 4)
+        if let Some(f4) = ahead4.get(k)
             && let Some(r4) = slots.get(f4.slot as usize)
         {
             prefetch_line(r4.tokens.as_ptr().wrapping_add(r4.tokens.len()));
         }
-        if fr.cancelled {
-            j += 1;
-            continue;
-        }
-        let Some(&tok) = toks.get(t) else { break };
         let Some(r) = slots.get_mut(fr.slot as usize) else {
             break;
         };
-        if r.epoch != fr.epoch
+        if fr.cancelled
             || fr.drafts != 0
+            || r.epoch != fr.epoch
             || r.kv_drafts != 0
             || r.has_confs
             || r.has_stops
@@ -590,18 +616,31 @@ fn dense_steady_rows(
         }
         r.inflight -= 1;
         r.sampling_rows -= 1;
-        if r.kv_len >= r.next_full
-            && let Some(h) = r.kv
-        {
-            batch.push((h, r.kv_len as usize));
-            batch_slots.push(fr.slot);
-            r.next_full = next_block_end(r.kv_len as usize, bs);
+        if r.kv_len >= r.next_full {
+            queue_full_block(r, fr.slot, bs, batch, batch_slots);
         }
         r.tokens.push(tok);
-        j += 1;
-        t += 1;
+        k += 1;
     }
-    (j, t)
+    (j + k, t + k)
+}
+
+/// Queues the block a steady row's input filled for `flush_computed` (once
+/// per block per request, so kept out of the row loop).
+#[cold]
+#[inline(never)]
+fn queue_full_block(
+    r: &mut Req,
+    slot: u32,
+    bs: usize,
+    batch: &mut Vec<(SeqHandle, usize)>,
+    batch_slots: &mut Vec<u32>,
+) {
+    if let Some(h) = r.kv {
+        batch.push((h, r.kv_len as usize));
+        batch_slots.push(slot);
+        r.next_full = next_block_end(r.kv_len as usize, bs);
+    }
 }
 
 /// Blocks a sequence with `room` free slots in its last block allocates to
