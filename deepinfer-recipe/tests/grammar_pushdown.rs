@@ -36,6 +36,18 @@ const PARTIAL: usize = usize::MAX;
 
 struct Reference {
     rules: Vec<G>,
+    /// Rules that derive some finite text.
+    productive: Vec<bool>,
+}
+
+/// Whether `g` derives some finite text, given the productive rules.
+fn finishes(g: &G, productive: &[bool]) -> bool {
+    match g {
+        G::Lit(_) | G::Char(..) | G::Star(_) => true,
+        G::Seq(items) => items.iter().all(|i| finishes(i, productive)),
+        G::Alt(options) => options.iter().any(|o| finishes(o, productive)),
+        G::Rule(rule) => productive[*rule],
+    }
 }
 
 fn seq(items: Vec<G>) -> G {
@@ -49,6 +61,17 @@ fn star(item: G) -> G {
 }
 
 impl Reference {
+    fn new(rules: Vec<G>) -> Self {
+        let mut productive = vec![false; rules.len()];
+        loop {
+            let next: Vec<bool> = rules.iter().map(|r| finishes(r, &productive)).collect();
+            if next == productive {
+                return Self { rules, productive };
+            }
+            productive = next;
+        }
+    }
+
     /// End positions of `g` matched from `pos` (with [`PARTIAL`] when the
     /// input ran out inside it).
     fn ends(
@@ -92,11 +115,14 @@ impl Reference {
             }
             G::Seq(items) => {
                 let mut at = vec![pos];
-                for item in items {
+                for (i, item) in items.iter().enumerate() {
                     let mut next = Vec::new();
                     for &p in &at {
                         if p == PARTIAL {
-                            next.push(PARTIAL);
+                            // Viable only if the rest can still finish.
+                            if items[i..].iter().all(|r| finishes(r, &self.productive)) {
+                                next.push(PARTIAL);
+                            }
                         } else {
                             next.extend(self.ends(item, input, p, memo));
                         }
@@ -210,34 +236,32 @@ ws     ::= " "?
 fn arithmetic_reference() -> Reference {
     let digit = || G::Char(|c| c.is_ascii_digit(), "0123456789");
     let ws = || alt(vec![G::Lit(""), G::Lit(" ")]);
-    Reference {
-        rules: vec![
-            G::Rule(1),
-            seq(vec![
+    Reference::new(vec![
+        G::Rule(1),
+        seq(vec![
+            G::Rule(2),
+            star(seq(vec![
+                ws(),
+                G::Char(|c| c == '+' || c == '-', "+-"),
+                ws(),
                 G::Rule(2),
-                star(seq(vec![
-                    ws(),
-                    G::Char(|c| c == '+' || c == '-', "+-"),
-                    ws(),
-                    G::Rule(2),
-                ])),
-            ]),
-            seq(vec![
+            ])),
+        ]),
+        seq(vec![
+            G::Rule(3),
+            star(seq(vec![
+                ws(),
+                G::Char(|c| c == '*' || c == '/', "*/"),
+                ws(),
                 G::Rule(3),
-                star(seq(vec![
-                    ws(),
-                    G::Char(|c| c == '*' || c == '/', "*/"),
-                    ws(),
-                    G::Rule(3),
-                ])),
-            ]),
-            alt(vec![
-                seq(vec![digit(), star(digit())]),
-                seq(vec![G::Lit("("), ws(), G::Rule(1), ws(), G::Lit(")")]),
-                seq(vec![G::Lit("-"), G::Rule(3)]),
-            ]),
-        ],
-    }
+            ])),
+        ]),
+        alt(vec![
+            seq(vec![digit(), star(digit())]),
+            seq(vec![G::Lit("("), ws(), G::Rule(1), ws(), G::Lit(")")]),
+            seq(vec![G::Lit("-"), G::Rule(3)]),
+        ]),
+    ])
 }
 
 fn json_ws() -> G {
@@ -309,39 +333,37 @@ fn json_reference() -> Reference {
             G::Rule(1),
         ])
     };
-    Reference {
-        rules: vec![
-            seq(vec![json_ws(), G::Rule(2), json_ws()]),
-            alt(vec![
-                json_string(),
-                json_number(),
-                G::Lit("true"),
-                G::Lit("false"),
-                G::Lit("null"),
-                G::Rule(2),
-                seq(vec![
-                    G::Lit("["),
-                    json_ws(),
-                    alt(vec![
-                        G::Lit(""),
-                        seq(vec![G::Rule(1), star(seq(vec![comma(), G::Rule(1)]))]),
-                    ]),
-                    json_ws(),
-                    G::Lit("]"),
-                ]),
-            ]),
+    Reference::new(vec![
+        seq(vec![json_ws(), G::Rule(2), json_ws()]),
+        alt(vec![
+            json_string(),
+            json_number(),
+            G::Lit("true"),
+            G::Lit("false"),
+            G::Lit("null"),
+            G::Rule(2),
             seq(vec![
-                G::Lit("{"),
+                G::Lit("["),
                 json_ws(),
                 alt(vec![
                     G::Lit(""),
-                    seq(vec![member(), star(seq(vec![comma(), member()]))]),
+                    seq(vec![G::Rule(1), star(seq(vec![comma(), G::Rule(1)]))]),
                 ]),
                 json_ws(),
-                G::Lit("}"),
+                G::Lit("]"),
             ]),
-        ],
-    }
+        ]),
+        seq(vec![
+            G::Lit("{"),
+            json_ws(),
+            alt(vec![
+                G::Lit(""),
+                seq(vec![member(), star(seq(vec![comma(), member()]))]),
+            ]),
+            json_ws(),
+            G::Lit("}"),
+        ]),
+    ])
 }
 
 fn tree_schema() -> serde_json::Value {
@@ -360,36 +382,34 @@ fn tree_schema() -> serde_json::Value {
 fn tree_reference() -> Reference {
     let comma = || seq(vec![json_ws(), G::Lit(","), json_ws()]);
     let colon = || seq(vec![json_ws(), G::Lit(":"), json_ws()]);
-    Reference {
-        rules: vec![
-            seq(vec![json_ws(), G::Rule(1), json_ws()]),
-            seq(vec![
-                G::Lit("{"),
-                json_ws(),
-                G::Lit("\"value\""),
-                colon(),
-                json_integer(),
-                alt(vec![
-                    G::Lit(""),
-                    seq(vec![
-                        comma(),
-                        G::Lit("\"children\""),
-                        colon(),
-                        G::Lit("["),
-                        json_ws(),
-                        alt(vec![
-                            G::Lit(""),
-                            seq(vec![G::Rule(1), star(seq(vec![comma(), G::Rule(1)]))]),
-                        ]),
-                        json_ws(),
-                        G::Lit("]"),
+    Reference::new(vec![
+        seq(vec![json_ws(), G::Rule(1), json_ws()]),
+        seq(vec![
+            G::Lit("{"),
+            json_ws(),
+            G::Lit("\"value\""),
+            colon(),
+            json_integer(),
+            alt(vec![
+                G::Lit(""),
+                seq(vec![
+                    comma(),
+                    G::Lit("\"children\""),
+                    colon(),
+                    G::Lit("["),
+                    json_ws(),
+                    alt(vec![
+                        G::Lit(""),
+                        seq(vec![G::Rule(1), star(seq(vec![comma(), G::Rule(1)]))]),
                     ]),
+                    json_ws(),
+                    G::Lit("]"),
                 ]),
-                json_ws(),
-                G::Lit("}"),
             ]),
-        ],
-    }
+            json_ws(),
+            G::Lit("}"),
+        ]),
+    ])
 }
 
 #[test]
@@ -850,4 +870,122 @@ fn free_form_values_nest_freely_inside_recursive_schemas_only() {
     assert!(accepts(with_data(true)));
     // Non-recursive schema: the unchanged DFA path, free-form JSON bounded.
     assert!(!accepts(with_data(false)));
+}
+
+// ---------------------------------------------------------------------------
+// Random recursive grammars: the mask equals the reference's exact mask
+
+const WORDS: [&str; 5] = ["a", "b", "(", ")", "ab"];
+
+/// A random grammar of up to three rules over [`WORDS`], as the reference's
+/// expression and as EBNF text (rule 0 is `root`).
+fn random_grammar(seed: u64) -> (Reference, String) {
+    let mut rng = Rng(seed | 1);
+    let rules = 1 + rng.below(3);
+    let mut bodies = Vec::new();
+    let mut texts = Vec::new();
+    let name = |k: usize| {
+        if k == 0 {
+            "root".to_owned()
+        } else {
+            format!("r{k}")
+        }
+    };
+    for _ in 0..rules {
+        let mut options = Vec::new();
+        let mut option_texts = Vec::new();
+        for _ in 0..1 + rng.below(3) {
+            let mut items = Vec::new();
+            let mut item_texts = Vec::new();
+            for _ in 0..rng.below(4) {
+                let word = WORDS[rng.below(WORDS.len())];
+                let (item, text) = match rng.below(6) {
+                    0 | 1 => (G::Lit(word), format!("{word:?}")),
+                    2 => (star(G::Lit(word)), format!("({word:?})*")),
+                    3 => (alt(vec![G::Lit(word), G::Lit("")]), format!("{word:?}?")),
+                    _ => {
+                        let k = rng.below(rules);
+                        (G::Rule(k), name(k))
+                    }
+                };
+                items.push(item);
+                item_texts.push(text);
+            }
+            if item_texts.is_empty() {
+                item_texts.push("\"\"".to_owned());
+            }
+            options.push(seq(items));
+            option_texts.push(item_texts.join(" "));
+        }
+        bodies.push(alt(options));
+        texts.push(option_texts.join(" | "));
+    }
+    let ebnf = texts
+        .iter()
+        .enumerate()
+        .map(|(k, body)| format!("{} ::= {body}\n", name(k)))
+        .collect();
+    (Reference::new(bodies), ebnf)
+}
+
+/// Single characters, a few merged pairs, and end of sequence (id 8).
+fn small_vocab() -> Arc<GrammarVocab> {
+    let tokens = ["a", "b", "(", ")", "ab", "((", ")a", "b)"]
+        .iter()
+        .map(|t| Some(t.as_bytes().to_vec()))
+        .chain([None])
+        .collect();
+    Arc::new(GrammarVocab::new(tokens, &[8], &[]))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// At every step of a random walk, a token is in the mask exactly when
+    /// the reference accepts the text so far plus the token as a prefix of
+    /// some sentence, and end of sequence exactly when it accepts the text;
+    /// compilation fails as unsatisfiable exactly when the start rule
+    /// derives nothing. Left-recursive grammars are skipped (refused).
+    #[test]
+    fn random_grammar_masks_are_exact(seed in any::<u64>(), choices in proptest::collection::vec(any::<u32>(), 12)) {
+        let (reference, ebnf) = random_grammar(seed);
+        let vocab = small_vocab();
+        let compiled = RegexBackend::default().compile(&GrammarSpec::Ebnf(ebnf.clone()), &vocab);
+        let grammar = match compiled {
+            Err(GrammarError::Unsupported(message)) => {
+                prop_assume!(!message.contains("left-recursive"), "left recursion");
+                return Err(TestCaseError::fail(message));
+            }
+            Err(GrammarError::Unsatisfiable) => {
+                prop_assert!(!reference.productive[0], "{ebnf}");
+                return Ok(());
+            }
+            other => other.unwrap(),
+        };
+        prop_assert!(reference.productive[0], "{ebnf}");
+        let tokens: Vec<&[u8]> = [&b"a"[..], b"b", b"(", b")", b"ab", b"((", b")a", b"b)"].to_vec();
+        let mut matcher = grammar.matcher();
+        let mut text: Vec<u8> = Vec::new();
+        let mut mask = vec![0u32; vocab.mask_words()];
+        for choice in choices {
+            matcher.fill_bitmask(&mut mask).unwrap();
+            let mut allowed_ids = Vec::new();
+            for (id, token) in tokens.iter().enumerate() {
+                let extended = [text.as_slice(), token].concat();
+                let expected = reference.accepts_prefix(&extended);
+                prop_assert_eq!(allowed(&mask, id as u32), expected, "{} after {:?} + {:?}", ebnf, String::from_utf8_lossy(&text), String::from_utf8_lossy(token));
+                if expected {
+                    allowed_ids.push(id as u32);
+                }
+            }
+            prop_assert_eq!(allowed(&mask, 8), reference.accepts(&text), "{} eos after {:?}", ebnf, String::from_utf8_lossy(&text));
+            prop_assert_eq!(matcher.is_complete(), reference.accepts(&text));
+            if allowed_ids.is_empty() {
+                break;
+            }
+            let id = allowed_ids[choice as usize % allowed_ids.len()];
+            matcher.accept(id).unwrap();
+            text.extend_from_slice(tokens[id as usize]);
+        }
+    }
 }
