@@ -58,6 +58,34 @@ const RESOLVED_PER_STATE: usize = 64;
 
 /// A context-free grammar as rules whose bodies are byte regexes with call
 /// markers. Rule 0 is the start rule.
+///
+/// ```
+/// use std::sync::Arc;
+/// use deepinfer_recipe::grammar::{
+///     CompiledPushdown, GrammarVocab, Matcher, PushdownMatcher, Rules,
+/// };
+///
+/// // Balanced parentheses around an `x`: rule `nest` calls itself.
+/// let mut rules = Rules::new();
+/// let start = rules.declare("start");
+/// let nest = rules.declare("nest");
+/// rules.define(start, Rules::call(nest));
+/// rules.define(nest, format!(r"\({}\)|x", Rules::call(nest)));
+/// // Tokens `(` `)` `x`, and end of sequence (id 3).
+/// let tokens = vec![Some(b"(".to_vec()), Some(b")".to_vec()), Some(b"x".to_vec()), None];
+/// let vocab = Arc::new(GrammarVocab::new(tokens, &[3], &[]));
+/// let compiled = Arc::new(CompiledPushdown::new(&rules, vocab, 1 << 20, 64)?);
+/// let mut matcher = PushdownMatcher::new(compiled);
+/// for token in [0, 0, 2, 1] {
+///     matcher.accept(token)?;
+/// }
+/// let mut mask = [0u32; 1];
+/// matcher.fill_bitmask(&mut mask)?;
+/// assert_eq!(mask[0], 0b0010); // only `)`: one more level to close
+/// matcher.accept(1)?;
+/// assert!(matcher.is_complete());
+/// # Ok::<(), deepinfer_recipe::grammar::GrammarError>(())
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rules {
     names: Vec<String>,
