@@ -43,6 +43,8 @@ mod schema;
 mod strict;
 mod trigger;
 mod vocab;
+#[cfg(feature = "xgrammar")]
+mod xgrammar_backend;
 
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -58,6 +60,8 @@ pub use schema::{JSON_DEPTH, dsml_tool_calls_regex, json_value_regex, schema_reg
 pub use strict::strict_schema;
 pub use trigger::Triggered;
 pub use vocab::GrammarVocab;
+#[cfg(feature = "xgrammar")]
+pub use xgrammar_backend::{XGrammarBackend, to_xgrammar_ebnf};
 
 use crate::conversation::ToolDefinition;
 use crate::render::PromptFormat;
