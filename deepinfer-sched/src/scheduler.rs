@@ -307,6 +307,9 @@ struct Flight {
     /// (two vectors, so the large decode list is never copied).
     prefill: Vec<FlightRow>,
     rows: Vec<DecodeFlight>,
+    /// Decode rows marked cancelled (so `update` counts the live ones without
+    /// a pass over the list).
+    cancelled_rows: usize,
     features: StepFeatures,
     num_tokens: usize,
     /// Blocks reserved by its provisional rows still to be materialised.
@@ -1398,6 +1401,7 @@ impl Scheduler {
             step,
             prefill: prefill_rows,
             rows: decode_rows,
+            cancelled_rows: 0,
             features,
             num_tokens: plan.num_tokens,
             reserved,
@@ -1573,7 +1577,8 @@ impl Scheduler {
             check(fr.id, n, n)?;
         }
         if dense {
-            let live = flight.rows.iter().filter(|f| !f.cancelled).count();
+            let live = flight.rows.len() - flight.cancelled_rows;
+            debug_assert_eq!(live, flight.rows.iter().filter(|f| !f.cancelled).count());
             if live != out.decode_tokens.len() {
                 return Err(SchedError::OutputMismatch(format!(
                     "{} dense decode tokens for a plan of {live} decode rows",
@@ -1813,14 +1818,11 @@ impl Scheduler {
         if self.grow_slots.is_empty() {
             return Ok(());
         }
+        // (No pass for the token tails: the manager keeps none of the
+        // scheduler's tokens, see `AllocateOptions::caller_keeps_tokens`.)
         for &slot in &self.grow_slots {
             if let Some(h) = self.slots.get(slot as usize).and_then(|r| r.kv) {
                 self.kv.prefetch(h, false);
-            }
-        }
-        for &slot in &self.grow_slots {
-            if let Some(h) = self.slots.get(slot as usize).and_then(|r| r.kv) {
-                self.kv.prefetch(h, true);
             }
         }
         for &slot in &self.grow_slots {
@@ -1841,11 +1843,10 @@ impl Scheduler {
         }
         // Hand each filled block's tokens to the manager first (entries asked
         // for ahead, so their cache misses overlap).
+        // (No pass for the token tails: the manager keeps none of the
+        // scheduler's tokens.)
         for &(h, _) in &self.computed_batch {
             self.kv.prefetch(h, false);
-        }
-        for &(h, _) in &self.computed_batch {
-            self.kv.prefetch(h, true);
         }
         let mut synced = Ok(());
         for &slot in &self.computed_slots {
@@ -1942,6 +1943,7 @@ impl Scheduler {
             let drafts = fr.drafts as usize;
             let Some(slot) = self.pending_live(fr.slot, fr.id, fr.epoch, true) else {
                 fr.cancelled = true;
+                pending.cancelled_rows += 1;
                 removed_tokens += 1 + drafts;
                 res.fixes.push(PlanFix::Cancel(fr.id));
                 continue;
@@ -1966,6 +1968,7 @@ impl Scheduler {
             } else {
                 // The reservation should make this unreachable; stay safe anyway.
                 fr.cancelled = true;
+                pending.cancelled_rows += 1;
                 removed_tokens += 1 + drafts;
                 res.fixes.push(PlanFix::Cancel(fr.id));
                 let r = self.req_mut(slot);
@@ -1998,6 +2001,7 @@ impl Scheduler {
                 let drafts = fr.drafts as usize;
                 let Some(slot) = self.pending_live(fr.slot, fr.id, fr.epoch, true) else {
                     fr.cancelled = true;
+                    later.cancelled_rows += 1;
                     removed += 1 + drafts;
                     let r = usize::from(fr.reserved);
                     later.reserved -= r;
@@ -2026,6 +2030,7 @@ impl Scheduler {
                     });
                 } else {
                     fr.cancelled = true;
+                    later.cancelled_rows += 1;
                     removed += 1 + drafts;
                     res.later_fixes.push(PlanFix::Cancel(fr.id));
                     let r = self.req_mut(slot);
