@@ -18,8 +18,10 @@
 //! levels (dropping its recursive alternatives at the last level). A grammar
 //! whose start rule accepts nothing is an [`GrammarError::Unsatisfiable`]
 //! error, one that expands past [`MAX_PATTERN`] bytes a
-//! [`GrammarError::Compile`] error, and a left-recursive rule (`a ::= a "x"
-//! | "y"`) an [`GrammarError::Unsupported`] error from the pushdown backend.
+//! [`GrammarError::Compile`] error. Immediate left recursion (`a ::= a "x" |
+//! "y"`) is rewritten to repetition (`a ::= "y" "x"*`) when parsing; left
+//! recursion through other rules is an [`GrammarError::Unsupported`] error
+//! from the pushdown backend.
 
 use std::collections::HashMap;
 
@@ -142,8 +144,9 @@ impl<'a> Parser<'a> {
         } else {
             first.ok_or_else(|| syntax(0, "the grammar has no rules"))?
         };
-        let grammar = Ebnf { rules, root };
+        let mut grammar = Ebnf { rules, root };
         grammar.check_references()?;
+        grammar.remove_immediate_left_recursion();
         Ok(grammar)
     }
 
@@ -324,6 +327,43 @@ impl Ebnf {
     /// Parse a grammar.
     pub fn parse(text: &str) -> Result<Self, GrammarError> {
         Parser { text, at: 0 }.grammar()
+    }
+
+    /// Rewrite `a ::= a x | a y | b | c` as `a ::= (b | c) (x | y)*`, the
+    /// same language without the left recursion (which a pushdown matcher
+    /// cannot run: it would call `a` forever before reading anything). Left
+    /// recursion through other rules or nullable prefixes is left alone.
+    fn remove_immediate_left_recursion(&mut self) {
+        for (name, body) in &mut self.rules {
+            let options = match &*body {
+                Expr::Alt(options) => options.clone(),
+                other => vec![other.clone()],
+            };
+            let (mut tails, mut heads) = (Vec::new(), Vec::new());
+            for option in options {
+                match option {
+                    Expr::Rule(first) if &first == name => tails.push(Expr::Seq(Vec::new())),
+                    Expr::Seq(items) if items.first() == Some(&Expr::Rule(name.clone())) => {
+                        tails.push(Expr::Seq(items[1..].to_vec()))
+                    }
+                    other => heads.push(other),
+                }
+            }
+            if tails.is_empty() || heads.is_empty() {
+                continue;
+            }
+            let alternatives = |mut list: Vec<Expr>| {
+                if list.len() == 1 {
+                    list.pop().unwrap_or(Expr::Seq(Vec::new()))
+                } else {
+                    Expr::Alt(list)
+                }
+            };
+            *body = Expr::Seq(vec![
+                alternatives(heads),
+                Expr::Repeat(Box::new(alternatives(tails)), 0, None),
+            ]);
+        }
     }
 
     fn check_references(&self) -> Result<(), GrammarError> {
@@ -566,6 +606,21 @@ mod tests {
             ")".repeat(MAX_RECURSION)
         );
         assert!(!accepts(g, &deep));
+    }
+
+    #[test]
+    fn immediate_left_recursion_becomes_repetition() {
+        let g = "root ::= expr\nexpr ::= expr \"+\" num | expr \"-\" num | num\nnum ::= [0-9]+";
+        let grammar = Ebnf::parse(g).unwrap();
+        // No recursion is left: the DFA path takes it.
+        assert!(!grammar.is_recursive());
+        assert!(accepts(g, "1+22-3"));
+        assert!(accepts(g, "7"));
+        assert!(!accepts(g, "+1"));
+        assert!(!accepts(g, "1+"));
+        // Mixed with true recursion, the recursion stays.
+        let nested = "root ::= root \"+\" atom | atom\natom ::= [0-9] | \"(\" root \")\"";
+        assert!(Ebnf::parse(nested).unwrap().is_recursive());
     }
 
     #[test]

@@ -27,8 +27,9 @@
 //! parameters follow each tool's schema (strict tools); EBNF grammars in the
 //! GBNF dialect ([`Ebnf`]), recursive rules included. Not supported (a clear
 //! error): `allOf` with more than one entry, `patternProperties`, `pattern`
-//! with `minLength` / `maxLength`, left-recursive EBNF rules (`a ::= a "x"`;
-//! write `a ::= "y" "x"*`), recursive `$ref` in strict tool parameters.
+//! with `minLength` / `maxLength`, EBNF rules that are left-recursive through
+//! other rules (immediate left recursion, `a ::= a "x" | "y"`, is rewritten
+//! to `a ::= "y" "x"*`), recursive `$ref` in strict tool parameters.
 //! Free-form values inside schemas (`{}`, `true`, objects without
 //! `properties`) nest without bound in recursive schemas (pushdown path) and
 //! at most [`JSON_DEPTH`] deep in the others (DFA path). Bounds on `number`
