@@ -44,7 +44,45 @@ fn schemas_and_documents() -> Vec<(serde_json::Value, &'static str)> {
             }
         }
     }
-    schemas.into_iter().zip(documents).collect()
+    // Each schema with the first document it accepts whole.
+    let tokenizer = common::tokenizer();
+    let vocab = vocab();
+    schemas
+        .into_iter()
+        .map(|schema| {
+            let grammar = RegexBackend::default()
+                .compile(&GrammarSpec::JsonSchema(schema.clone()), &vocab)
+                .unwrap();
+            let document = documents
+                .iter()
+                .find(|document| {
+                    let mut matcher = grammar.matcher();
+                    tokenizer
+                        .encode_plain(document)
+                        .unwrap()
+                        .iter()
+                        .all(|&id| matcher.accept(id).is_ok())
+                        && matcher.is_complete()
+                })
+                .expect("a document for every golden-dev schema");
+            (schema, *document)
+        })
+        .collect()
+}
+
+fn vocab() -> Arc<GrammarVocab> {
+    let tokenizer = common::tokenizer();
+    let eos = tokenizer
+        .special_id(SpecialToken::Eos.deepseek_spelling())
+        .unwrap();
+    let dsml = tokenizer
+        .special_id(SpecialToken::Dsml.deepseek_spelling())
+        .unwrap();
+    Arc::new(GrammarVocab::from_tokenizer(
+        &tokenizer,
+        &[eos],
+        &[(dsml, 0)],
+    ))
 }
 
 /// A schema compiled by both backends, and a document's token ids.
@@ -61,17 +99,7 @@ fn walk(grammar: &dyn CompiledGrammar, ids: &[u32], mask: &mut [u32]) {
 
 fn compare(c: &mut Criterion) {
     let tokenizer = common::tokenizer();
-    let eos = tokenizer
-        .special_id(SpecialToken::Eos.deepseek_spelling())
-        .unwrap();
-    let dsml = tokenizer
-        .special_id(SpecialToken::Dsml.deepseek_spelling())
-        .unwrap();
-    let vocab = Arc::new(GrammarVocab::from_tokenizer(
-        &tokenizer,
-        &[eos],
-        &[(dsml, 0)],
-    ));
+    let vocab = vocab();
     let cases = schemas_and_documents();
     let regex = RegexBackend::default();
     let xgrammar = XGrammarBackend::new(1);
