@@ -39,6 +39,10 @@ fn grammar_body_survives_mutated_grammars() {
         "\u{0}{\"type\": \"integer\", \"exclusiveMinimum\": 9}",
         "\u{1}[a-z]+@[0-9]{2,}",
         "\u{2}root ::= \"(\" root \")\" | [0-9]+",
+        // Recursive grammars (the pushdown path).
+        "\u{2}root ::= a\na ::= b \"x\" | \"y\" | \"(\" a \")\"\nb ::= a \"z\" | \"w\"",
+        "\u{2}root ::= root \"+\" a | a\na ::= \"x\" | \"[\" root? \"]\"",
+        "\u{0}{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"c\":{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}},\"d\":{}},\"required\":[\"v\"]}",
     ];
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut next = || {
@@ -47,7 +51,7 @@ fn grammar_body_survives_mutated_grammars() {
         state ^= state << 17;
         state
     };
-    for round in 0..60 {
+    for round in 0..120 {
         let mut data = seeds[round % seeds.len()].as_bytes().to_vec();
         if round >= seeds.len() {
             let at = 1 + (next() as usize) % (data.len() - 1);
