@@ -217,6 +217,75 @@ fn tool_call_grammar_engages_only_from_the_marker_after_think_end() {
     assert!(result.is_err());
 }
 
+/// Regression (found by the xgrammar differential test): after `</` inside
+/// a string parameter the text goes on with any UTF-8 character, not a byte.
+/// Token 275 (`E4 B8`, the start of `中`) is allowed there; token 97 (a lone
+/// continuation byte `A1`, invalid text) is not.
+#[test]
+fn dsml_text_after_close_tag_start_is_utf8() {
+    let tokenizer = common::tokenizer();
+    let dsml = tokenizer.special_id("｜DSML｜").unwrap();
+    let (lead, stray) = (275u32, 97u32);
+    assert_eq!(tokenizer.token_bytes()[lead as usize], [0xE4, 0xB8]);
+    assert_eq!(tokenizer.token_bytes()[stray as usize], [0xA1]);
+    let tool = ToolDefinition {
+        name: "get_weather".into(),
+        description: None,
+        parameters: serde_json::json!({"type": "object", "properties": {"location": {"type": "string"}}}),
+        strict: Some(true),
+        defer_loading: false,
+    };
+    for format in [PromptFormat::V4, PromptFormat::V41] {
+        let (invoke, parameter) = match format {
+            PromptFormat::V4 => ("invoke", "parameter"),
+            PromptFormat::V41 => (" invoke", " parameter"),
+        };
+        let grammar = RegexBackend::default()
+            .compile(
+                &GrammarSpec::ToolCalls {
+                    format,
+                    tools: vec![tool.clone()],
+                    inside_block: true,
+                },
+                &vocab(),
+            )
+            .unwrap();
+        let mut ids = tokenizer.encode_plain("<").unwrap();
+        ids.push(dsml);
+        ids.extend(
+            tokenizer
+                .encode_plain(&format!("{invoke} name=\"get_weather\">\n<"))
+                .unwrap(),
+        );
+        ids.push(dsml);
+        ids.extend(
+            tokenizer
+                .encode_plain(&format!(
+                    "{parameter} name=\"location\" string=\"true\">Paris</"
+                ))
+                .unwrap(),
+        );
+        let mut matcher = grammar.matcher();
+        drive(matcher.as_mut(), &ids).unwrap();
+        let mut mask = vec![0u32; vocab().mask_words()];
+        matcher.fill_bitmask(&mut mask).unwrap();
+        assert!(allowed(&mask, lead), "{format:?}: `中` refused after `</`");
+        assert!(!allowed(&mask, stray), "{format:?}: stray byte allowed");
+        assert!(allowed(&mask, dsml), "{format:?}: closing marker refused");
+        // The text goes on (`</中文` is text), and still closes normally.
+        matcher.accept(lead).unwrap();
+        let tail = tokenizer
+            .token_bytes()
+            .iter()
+            .position(|bytes| bytes[..] == [0xAD])
+            .unwrap() as u32;
+        let mut rest = vec![tail];
+        rest.extend(tokenizer.encode_plain("文</").unwrap());
+        rest.push(dsml);
+        drive(matcher.as_mut(), &rest).unwrap();
+    }
+}
+
 #[test]
 fn integer_ranges_and_string_patterns_are_enforced() {
     let schema = serde_json::json!({

@@ -105,15 +105,6 @@ enum Known {
     /// In the value of a `number` with `minimum` / `maximum`: xgrammar
     /// enforces the bounds, the regex backend does not (documented).
     NumberBounds,
-    /// In DSML parameter text right after `</`: the regex backend matches
-    /// one *byte* there (`</(?-u:[\x00-\xFE])`, so that `</` + the marker
-    /// token's `0xFF` byte is the only way out), which lets a token start
-    /// with a stray UTF-8 continuation byte (invalid text) and rejects a
-    /// token starting with two or more bytes of a multi-byte character
-    /// (`</é`, `</中`).
-    /// xgrammar does the opposite, which is right. A bug of the regex
-    /// backend's `dsml_tool_calls_regex`.
-    RegexByteAfterCloseTag,
     /// A regex with `\d`, `\w` or `\s`: Unicode classes in the regex
     /// backend (Rust `regex` semantics), ASCII in xgrammar; the tokens are
     /// ones with non-ASCII bytes that the regex backend allows.
@@ -149,21 +140,6 @@ fn current_key(prefix: &[u8]) -> Option<String> {
 /// constraints (`search_docs`: `after` is a date, `score` a number in
 /// [0, 1]). Anything else is unexplained.
 fn classify(name: &str, prefix: &[u8], token: &[u8], by_regex: bool) -> Option<Known> {
-    if name == "tools" && prefix.ends_with(b"</") {
-        let first = *token.first()?;
-        let utf8 = std::str::from_utf8(token);
-        let starts_invalid = first >= 0x80
-            && utf8
-                .as_ref()
-                .err()
-                .is_some_and(|e| e.valid_up_to() == 0 && e.error_len().is_some());
-        // A multi-byte character's lead byte and at least one more of its
-        // bytes (the regex backend takes the lead byte alone, then dies).
-        let starts_multibyte =
-            first >= 0xC0 && token.get(1).is_some_and(|b| (0x80..0xC0).contains(b));
-        return ((by_regex && starts_invalid) || (!by_regex && starts_multibyte))
-            .then_some(Known::RegexByteAfterCloseTag);
-    }
     if let Some(pattern) = name.strip_prefix("regex ") {
         let unicode = ["\\d", "\\w", "\\s"].iter().any(|c| pattern.contains(c));
         if by_regex && unicode && token.iter().any(|&b| b >= 0x80) {

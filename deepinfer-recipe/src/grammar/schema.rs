@@ -409,11 +409,13 @@ pub fn dsml_tool_calls_regex(
         PromptFormat::V41 => (" calls", " invoke", " parameter", "\n"),
         PromptFormat::V4 => ("tool_calls", "invoke", "parameter", ""),
     };
-    // Free text inside a string parameter: anything but the closing tag.
-    let text = format!(
-        "(?s:[^<]|<[^/]|</(?-u:[\\x00-\\x{:02X}]))*",
-        SPECIAL_BYTE - 1
-    );
+    // Free text inside a string parameter: any UTF-8 characters. The
+    // closing tag is `</` + the marker, whose first byte (0xFF) is never
+    // part of UTF-8 text, so after `</` the text goes on with any character
+    // (`<` included) and the marker alone leaves it. Matching characters,
+    // not bytes, keeps the text valid UTF-8 (no stray continuation byte)
+    // and lets one token hold a whole multi-byte character after `</`.
+    let text = "(?s:[^<]|<[^/]|</.)*".to_owned();
     let mut calls = Vec::new();
     for tool in tools {
         let name = escape_literal(&Value::String(tool.name.clone()));
