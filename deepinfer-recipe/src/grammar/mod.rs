@@ -1,7 +1,17 @@
 //! Structured outputs: a grammar backend trait, token-bitmask matchers, and a
 //! compile cache with a time limit.
 //!
-//! The backend shipped here ([`RegexBackend`]) is pure Rust with two paths.
+//! Two backends implement [`GrammarBackend`]:
+//! - [`RegexBackend`], pure Rust, always built, the default.
+//! - `XGrammarBackend` (the `xgrammar-rs` binding of the C++ xgrammar
+//!   library), behind the cargo feature `xgrammar`, off by default. It needs
+//!   CMake and a `clang++` (the crate README gives the steps and a `g++`
+//!   shim), and its cold build takes about 15 minutes on two cores, half of
+//!   CI's 30-minute budget, so CI does not build it. A differential test
+//!   (`tests/xgrammar_backend.rs`, run only with the feature) compares the
+//!   two backends' masks token by token over the real V4 vocabulary.
+//!
+//! [`RegexBackend`] has two paths.
 //! Constraints without recursion become one byte-level regular expression,
 //! compiled to a dense DFA (`regex-automata`); the matcher walks a trie of
 //! the vocabulary's token bytes from the current DFA state to fill the mask
@@ -16,24 +26,35 @@
 //! ([`RegexBackend::max_depth`], default [`DEFAULT_MAX_DEPTH`]); a token that
 //! would nest deeper is refused with [`GrammarError::DepthLimit`].
 //!
-//! Supported: regular expressions; `json_object` (any JSON object, nesting
-//! exact up to the depth cap); a JSON-schema subset (`type` string / number /
-//! integer / boolean / null / array / object and type lists, `enum`, `const`,
-//! `properties` in declared order with `required`, `items`, `minItems` /
-//! `maxItems`, `minLength` / `maxLength`, `anyOf` / `oneOf`, local `$ref`
+//! Supported by [`RegexBackend`]: regular expressions (Rust `regex` syntax:
+//! `\d` `\w` `\s` are Unicode classes, `.` does not match `\n`);
+//! `json_object` (any JSON object, nesting exact up to the depth cap); a
+//! JSON-schema subset (`type` string / number / integer / boolean / null /
+//! array / object and type lists, `enum`, `const`, `properties` in declared
+//! order with `required`, `items`, `minItems` / `maxItems`, `minLength` /
+//! `maxLength`, `anyOf` / `oneOf`, `allOf` with one entry, local `$ref`
 //! including recursive ones (trees, linked lists), integer `minimum` /
 //! `maximum` / `exclusiveMinimum` / `exclusiveMaximum`, string `pattern`
 //! rewritten to match the JSON-encoded text); DSML tool-call blocks whose
 //! parameters follow each tool's schema (strict tools); EBNF grammars in the
-//! GBNF dialect ([`Ebnf`]), recursive rules included. Not supported (a clear
-//! error): `allOf` with more than one entry, `patternProperties`, `pattern`
-//! with `minLength` / `maxLength`, EBNF rules that are left-recursive through
-//! other rules (immediate left recursion, `a ::= a "x" | "y"`, is rewritten
-//! to `a ::= "y" "x"*`), recursive `$ref` in strict tool parameters.
+//! GBNF dialect ([`Ebnf`]), recursive rules included.
+//!
+//! Not supported, a clear [`GrammarError::Unsupported`]: `allOf` with more
+//! than one entry, `patternProperties`, `pattern` with `minLength` /
+//! `maxLength`, more than 8 optional properties in one object, EBNF rules
+//! that are left-recursive through other rules (immediate left recursion,
+//! `a ::= a "x" | "y"`, is rewritten to `a ::= "y" "x"*`), recursive `$ref`
+//! in strict tool parameters. Strict tools also reject every keyword the
+//! grammar would not enforce ([`strict_schema`]).
+//!
+//! Accepted but not enforced (non-strict schemas; xgrammar enforces them):
+//! bounds on `number`, string `format`, and other validation keywords the
+//! list above does not name (`uniqueItems`, `multipleOf`, ...): like any
+//! unknown keyword they are ignored. Objects with `properties` never get
+//! undeclared ones (`additionalProperties` is read as `false`).
 //! Free-form values inside schemas (`{}`, `true`, objects without
 //! `properties`) nest without bound in recursive schemas (pushdown path) and
-//! at most [`JSON_DEPTH`] deep in the others (DFA path). Bounds on `number`
-//! are accepted but not enforced (strict tools reject them).
+//! at most [`JSON_DEPTH`] deep in the others (DFA path).
 
 mod dfa;
 mod ebnf;
