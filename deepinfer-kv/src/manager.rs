@@ -303,6 +303,12 @@ impl BlockManager {
         &self.pool
     }
 
+    /// See [`BlockPool::prefetch_free_ahead`] (a hint; changes nothing observable).
+    #[inline]
+    pub fn prefetch_free_ahead(&mut self) {
+        self.pool.prefetch_free_ahead();
+    }
+
     /// Pool block counts.
     pub fn usage(&self) -> PoolUsage {
         self.pool.usage()

@@ -479,7 +479,8 @@ fn prefetch_record(slots: &[Req], slot: u32) {
 /// is known, no drafts. Each reads and writes only its request's hot line and
 /// the two row lists (the input joins the KV sequence in its block's batch,
 /// see `sync_kv`). A row that starts a block takes one of `grow_budget` blocks
-/// and queues its slot in `grow` (allocated after the walk, `flush_grow`).
+/// and queues its slot in `grow` (allocated after the walk, `flush_grow`),
+/// and asks the block manager to look one block further down its free list.
 /// Stops at the first other row; returns where it stopped and the sum of
 /// `1 + position` over the rows taken.
 #[inline(never)]
@@ -490,7 +491,7 @@ fn steady_decode_rows(
     max_rows: usize,
     rows: &mut Vec<DecodeFlight>,
     decode: &mut Vec<DecodeRow>,
-    (bs, grow_budget, grow): (usize, &mut usize, &mut Vec<u32>),
+    (bs, grow_budget, grow, kv): (usize, &mut usize, &mut Vec<u32>, &mut BlockManager),
 ) -> (usize, u64) {
     let end = running.len().min(i.saturating_add(max_rows));
     let run = &running[i..end];
@@ -533,6 +534,9 @@ fn steady_decode_rows(
             o.write(slot);
             g += 1;
             r.kv_room = bs as u32;
+            // One step down the free list per block to come, so `flush_grow`
+            // finds the blocks' lines at hand (see `prefetch_free_ahead`).
+            kv.prefetch_free_ahead();
         }
         r.kv_len = position + 1;
         r.kv_room -= 1;
@@ -1087,7 +1091,12 @@ impl Scheduler {
                     seqs_left.min(tokens_left),
                     &mut decode_rows,
                     &mut plan.decode,
-                    (self.kv.block_size(), &mut grow_budget, &mut self.grow_slots),
+                    (
+                        self.kv.block_size(),
+                        &mut grow_budget,
+                        &mut self.grow_slots,
+                        &mut self.kv,
+                    ),
                 );
                 pending_grow += self.grow_slots.len() - before;
                 if next > i {
