@@ -326,6 +326,57 @@ fn integer_ranges_and_string_patterns_are_enforced() {
 }
 
 #[test]
+fn string_formats_are_enforced_over_the_vocabulary() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "day": {"type": "string", "format": "date"},
+            "at": {"type": "string", "format": "date-time"},
+            "id": {"type": "string", "format": "uuid"},
+            "note": {"type": "string", "format": "no-such-format"},
+        },
+        "required": ["day", "at", "id", "note"],
+    });
+    let grammar = RegexBackend::default()
+        .compile(&GrammarSpec::JsonSchema(schema), &vocab())
+        .unwrap();
+    let tokenizer = common::tokenizer();
+    let accepts = |day: &str, at: &str, id: &str| {
+        let text = format!(r#"{{"day": "{day}", "at": "{at}", "id": "{id}", "note": "any"}}"#);
+        let ids = tokenizer.encode_plain(&text).unwrap();
+        let mut matcher = grammar.matcher();
+        ids.iter().try_for_each(|&id| matcher.accept(id)).is_ok() && matcher.is_complete()
+    };
+    let (at, id) = (
+        "2024-02-29T23:59:59.5+05:30",
+        "123e4567-e89b-12d3-a456-426614174000",
+    );
+    assert!(accepts("2024-12-31", at, id));
+    assert!(!accepts("2024-13-01", at, id));
+    assert!(!accepts("2024-1-01", at, id));
+    assert!(!accepts("2024-12-31", "2024-02-29 23:59:59Z", id));
+    assert!(!accepts(
+        "2024-12-31",
+        at,
+        "123e4567-e89b-12d3-a456-42661417400g"
+    ));
+    // The mask agrees: after `"day": "2024-1`, only `0`-`2` may follow.
+    let prefix = tokenizer.encode_plain(r#"{"day": "2024-1"#).unwrap();
+    let mut matcher = grammar.matcher();
+    drive(matcher.as_mut(), &prefix).unwrap();
+    let mut mask = vec![0u32; vocab().mask_words()];
+    matcher.fill_bitmask(&mut mask).unwrap();
+    let digit = |d: &str| tokenizer.encode_plain(d).unwrap()[0];
+    assert!(allowed(&mask, digit("2")) && !allowed(&mask, digit("3")));
+    // `format` with lengths or a pattern is a clear error.
+    let both = serde_json::json!({"type": "string", "format": "email", "maxLength": 64});
+    assert!(matches!(
+        RegexBackend::default().compile(&GrammarSpec::JsonSchema(both), &vocab()),
+        Err(GrammarError::Unsupported(_))
+    ));
+}
+
+#[test]
 fn errors_are_typed() {
     let backend = RegexBackend::default();
     assert!(matches!(

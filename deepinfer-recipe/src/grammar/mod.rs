@@ -35,22 +35,26 @@
 //! `maxLength`, `anyOf` / `oneOf`, `allOf` with one entry, local `$ref`
 //! including recursive ones (trees, linked lists), integer `minimum` /
 //! `maximum` / `exclusiveMinimum` / `exclusiveMaximum`, string `pattern`
-//! rewritten to match the JSON-encoded text); DSML tool-call blocks whose
+//! rewritten to match the JSON-encoded text, string `format` `date`,
+//! `time`, `date-time`, `uuid`, `ipv4`, `email` (a simple `local@domain`
+//! form) and `uri` (RFC 3986; the exact forms are documented in
+//! `formats.rs`)); DSML tool-call blocks whose
 //! parameters follow each tool's schema (strict tools); EBNF grammars in the
 //! GBNF dialect ([`Ebnf`]), recursive rules included.
 //!
 //! Not supported, a clear [`GrammarError::Unsupported`]: `allOf` with more
 //! than one entry, `patternProperties`, `pattern` with `minLength` /
-//! `maxLength`, more than 8 optional properties in one object, EBNF rules
+//! `maxLength`, a supported `format` with `minLength` / `maxLength` /
+//! `pattern`, more than 8 optional properties in one object, EBNF rules
 //! that are left-recursive through other rules (immediate left recursion,
 //! `a ::= a "x" | "y"`, is rewritten to `a ::= "y" "x"*`), recursive `$ref`
 //! in strict tool parameters. Strict tools also reject every keyword the
 //! grammar would not enforce ([`strict_schema`]).
 //!
 //! Accepted but not enforced (non-strict schemas; xgrammar enforces them):
-//! bounds on `number`, string `format`, and other validation keywords the
-//! list above does not name (`uniqueItems`, `multipleOf`, ...): like any
-//! unknown keyword they are ignored. Objects with `properties` never get
+//! bounds on `number`, other string formats (`hostname`, `ipv6`, ...), and
+//! other validation keywords the list above does not name (`uniqueItems`,
+//! `multipleOf`, ...): like any unknown keyword they are ignored. Objects with `properties` never get
 //! undeclared ones (`additionalProperties` is read as `false`).
 //! Free-form values inside schemas (`{}`, `true`, objects without
 //! `properties`) nest without bound in recursive schemas (pushdown path) and
@@ -58,6 +62,7 @@
 
 mod dfa;
 mod ebnf;
+mod formats;
 mod pattern;
 mod pushdown;
 mod ranges;

@@ -295,6 +295,25 @@ impl<'a> Builder<'a> {
         match kind {
             "string" => {
                 let (min, max) = (count("minLength"), count("maxLength"));
+                let format = match object.get("format") {
+                    None => None,
+                    Some(Value::String(name)) => super::formats::format_regex(name),
+                    Some(other) => {
+                        return Err(GrammarError::Unsupported(format!(
+                            "format {other} is not a string"
+                        )));
+                    }
+                };
+                if let Some(body) = format {
+                    // A format fixes the string's shape; intersecting it
+                    // with lengths or a pattern is not done here.
+                    if min.is_some() || max.is_some() || object.contains_key("pattern") {
+                        return Err(GrammarError::Unsupported(
+                            "`format` together with `minLength` / `maxLength` / `pattern`".into(),
+                        ));
+                    }
+                    return Ok(format!("\"{body}\""));
+                }
                 if let Some(pattern) = object.get("pattern") {
                     let pattern = pattern.as_str().ok_or_else(|| {
                         GrammarError::Unsupported(format!("pattern {pattern} is not a string"))
