@@ -851,29 +851,46 @@ fn recursive_grammars_that_cannot_finish_or_recurse_left_are_errors() {
 }
 
 #[test]
-fn free_form_values_nest_freely_inside_recursive_schemas_only() {
+fn free_form_values_nest_freely_in_every_schema() {
     let tokenizer = common::tokenizer();
     let backend = RegexBackend::default();
     let with_data = |recursive: bool| {
-        let mut properties = serde_json::json!({"data": {}, "name": {"type": "string"}});
+        let mut properties = serde_json::json!({
+            "data": {},
+            "meta": {"type": "object"},
+            "name": {"type": "string"},
+        });
         if recursive {
             properties["next"] = serde_json::json!({"$ref": "#"});
         }
-        serde_json::json!({"type": "object", "properties": properties, "required": ["data"]})
+        serde_json::json!({"type": "object", "properties": properties, "required": ["data", "meta"]})
     };
-    let deep = format!(r#"{{"data": {}1{}}}"#, "[".repeat(10), "]".repeat(10));
-    let accepts = |schema| {
+    let arrays = format!("{}1{}", "[".repeat(10), "]".repeat(10));
+    let objects = format!("{}1{}", "{\"k\": ".repeat(10), "}".repeat(10));
+    let deep = format!(r#"{{"data": {arrays}, "meta": {objects}}}"#);
+    let shallow = r#"{"data": [[1]], "meta": {"k": {}}}"#;
+    let accepts = |schema: &serde_json::Value, text: &str| {
         let grammar = backend
-            .compile(&GrammarSpec::JsonSchema(schema), &vocab())
+            .compile(&GrammarSpec::JsonSchema(schema.clone()), &vocab())
             .unwrap();
         let mut matcher = grammar.matcher();
-        let ids = tokenizer.encode_plain(&deep).unwrap();
+        let ids = tokenizer.encode_plain(text).unwrap();
         ids.iter().try_for_each(|&id| matcher.accept(id)).is_ok() && matcher.is_complete()
     };
-    // Recursive schema: the pushdown path, free-form JSON without a bound.
-    assert!(accepts(with_data(true)));
-    // Non-recursive schema: the unchanged DFA path, free-form JSON bounded.
-    assert!(!accepts(with_data(false)));
+    for recursive in [true, false] {
+        let schema = with_data(recursive);
+        // Recursive or not, a schema with free-form values takes the
+        // pushdown path: free-form JSON nests without a bound.
+        assert!(accepts(&schema, &deep), "recursive: {recursive}");
+        assert!(accepts(&schema, shallow), "recursive: {recursive}");
+        // `meta` is an object: an array there is still refused.
+        assert!(!accepts(&schema, r#"{"data": 1, "meta": [1]}"#));
+    }
+    // The regex form keeps its documented bound of JSON_DEPTH.
+    let pattern = schema_regex(&with_data(false)).unwrap();
+    let regex = regex_automata::meta::Regex::new(&format!("^(?:{pattern})$")).unwrap();
+    assert!(regex.is_match(shallow));
+    assert!(!regex.is_match(&deep));
 }
 
 // ---------------------------------------------------------------------------

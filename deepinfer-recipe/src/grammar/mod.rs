@@ -16,7 +16,8 @@
 //! compiled to a dense DFA (`regex-automata`); the matcher walks a trie of
 //! the vocabulary's token bytes from the current DFA state to fill the mask
 //! (cached per DFA state). Constraints with recursion (a recursive `$ref`, a
-//! recursive EBNF rule, `json_object`) become [`Rules`] for a pushdown
+//! recursive EBNF rule, `json_object`, a schema with free-form JSON values
+//! such as `{}`) become [`Rules`] for a pushdown
 //! matcher ([`PushdownMatcher`]): each recursive rule is a DFA whose calls
 //! to rules are DFA transitions over marker bytes, the matcher keeps a small
 //! set of stacks of return states, and the mask comes from a per-state cache
@@ -57,8 +58,11 @@
 //! `multipleOf`, ...): like any unknown keyword they are ignored. Objects with `properties` never get
 //! undeclared ones (`additionalProperties` is read as `false`).
 //! Free-form values inside schemas (`{}`, `true`, objects without
-//! `properties`) nest without bound in recursive schemas (pushdown path) and
-//! at most [`JSON_DEPTH`] deep in the others (DFA path).
+//! `properties`, arrays without `items`) send the schema to the pushdown
+//! path, like recursion, and nest there without bound (up to the depth
+//! cap); schemas without them (and without recursion) stay on the DFA path.
+//! In strict DSML tool parameters (one regex for the whole block) and in
+//! [`schema_regex`] they nest at most [`JSON_DEPTH`] deep.
 
 mod dfa;
 mod ebnf;

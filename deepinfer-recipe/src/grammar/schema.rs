@@ -12,7 +12,10 @@ use super::vocab::SPECIAL_BYTE;
 use crate::conversation::ToolDefinition;
 use crate::render::PromptFormat;
 
-/// Nesting depth allowed for free-form JSON (`json_object`, untyped schemas).
+/// Nesting depth of free-form JSON (`{}`, objects without `properties`) in
+/// the regex forms: [`schema_regex`] and strict DSML tool parameters. The
+/// backend compiles JSON schemas with free-form values, and `json_object`,
+/// to the pushdown matcher, where they nest without this bound.
 pub const JSON_DEPTH: usize = 3;
 
 /// Most optional properties per object (the regex grows as 2^n).
@@ -90,24 +93,31 @@ pub(crate) fn json_object_rules() -> Rules {
     rules
 }
 
-/// A regex for JSON documents following `schema`. Recursive `$ref`s are an
+/// A regex for JSON documents following `schema`, free-form values in it
+/// (`{}`, `true`, objects without `properties`) nested at most
+/// [`JSON_DEPTH`] deep. Recursive `$ref`s are an
 /// [`GrammarError::Unsupported`] error here (a regex cannot nest without
-/// bound); the backend compiles them with the pushdown matcher instead.
+/// bound); the backend compiles them, and free-form values, with the
+/// pushdown matcher instead.
 pub fn schema_regex(schema: &Value) -> Result<String, GrammarError> {
-    match schema_grammar(schema)? {
-        Lowered::Regex(pattern) => Ok(pattern),
-        Lowered::Rules(_) => Err(GrammarError::Unsupported(
+    let mut builder = Builder::new(schema);
+    let body = builder.value(schema)?;
+    if !builder.recursive.is_empty() {
+        return Err(GrammarError::Unsupported(
             "recursive $ref (use the backend: it compiles recursion to a pushdown matcher)".into(),
-        )),
+        ));
     }
+    Ok(format!("{WS}{body}{WS}"))
 }
 
-/// `schema` lowered: one regex when no `$ref` recurses, else rules where
-/// each recursive `$ref` is a rule and everything else is inlined.
+/// `schema` lowered: one regex when no `$ref` recurses and no free-form
+/// value (other than a plain string) occurs, else rules where each
+/// recursive `$ref` and the free-form JSON value / object are rules and
+/// everything else is inlined, so free-form values nest without bound.
 pub(crate) fn schema_grammar(schema: &Value) -> Result<Lowered, GrammarError> {
     let mut builder = Builder::new(schema);
     let body = builder.value(schema)?;
-    if builder.recursive.is_empty() {
+    if builder.recursive.is_empty() && !builder.free_form {
         return Ok(Lowered::Regex(format!("{WS}{body}{WS}")));
     }
     let recursive = std::mem::take(&mut builder.recursive);
@@ -167,6 +177,8 @@ struct Builder<'a> {
     recursive: Vec<String>,
     /// `$ref`s compiled as calls to these rules.
     calls: HashMap<String, usize>,
+    /// Whether a free-form value or object was inlined as a bounded regex.
+    free_form: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -177,12 +189,14 @@ impl<'a> Builder<'a> {
             active: Vec::new(),
             recursive: Vec::new(),
             calls: HashMap::new(),
+            free_form: false,
         }
     }
 
     /// A free-form JSON string, value or object: a call to its rule when
     /// compiling rules, else the bounded regex.
-    fn free(&self, rule: &str) -> String {
+    fn free(&mut self, rule: &str) -> String {
+        self.free_form |= rule != STRING_RULE && self.calls.is_empty();
         match (self.calls.get(rule), rule) {
             (Some(&call), _) => Rules::call(call),
             (None, STRING_RULE) => STRING.to_owned(),
@@ -193,7 +207,8 @@ impl<'a> Builder<'a> {
 
     /// As [`Builder::free`], one level shallower on the regex path (the
     /// container around it takes one level).
-    fn free_inner(&self, rule: &str) -> String {
+    fn free_inner(&mut self, rule: &str) -> String {
+        self.free_form |= self.calls.is_empty();
         match (self.calls.get(rule), rule) {
             (Some(&call), _) => Rules::call(call),
             (None, OBJECT_RULE) => json_object_regex(JSON_DEPTH - 1),
