@@ -10,10 +10,12 @@
 //! sequence (full computed blocks stay in the prefix cache) and requeues the
 //! request with its history, so re-admission recomputes it, mostly from cache.
 //!
-//! Cost per step is O(running + admitted): the waiting queue is a heap keyed by
-//! (priority, arrival), never scanned.
+//! Cost per step is O(running + admitted): the waiting queue is an ordered set
+//! keyed by (priority, arrival), never scanned. (A binary heap's pop walks a
+//! path down to a leaf, whose lower levels miss the cache once the queue holds
+//! 100,000 requests; the set's pops and new arrivals stay on its two ends.)
 
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use deepinfer_kv::{AllocateOptions, BlockManager, KvError, SeqHandle};
@@ -255,11 +257,12 @@ struct WaitKey {
 }
 impl Ord for WaitKey {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        // Max-heap: higher priority first, then earlier arrival.
+        // Greatest first: higher priority, then earlier arrival.
         self.priority
             .cmp(&o.priority)
             .then(o.arrival.cmp(&self.arrival))
             .then(o.slot.cmp(&self.slot))
+            .then(self.incarnation.cmp(&o.incarnation))
     }
 }
 impl PartialOrd for WaitKey {
@@ -372,7 +375,8 @@ pub struct Scheduler {
     parked: Vec<Option<Req>>,
     free_parked: Vec<u32>,
     ids: IdMap<Loc>,
-    waiting: BinaryHeap<WaitKey>,
+    /// Popped from its greatest end (see `WaitKey`'s order).
+    waiting: BTreeSet<WaitKey>,
     num_waiting: usize,
     /// Running slots by (priority desc, arrival asc); victims come off the end.
     running: Vec<u32>,
@@ -692,7 +696,7 @@ impl Scheduler {
             parked: Vec::new(),
             free_parked: Vec::new(),
             ids: IdMap::default(),
-            waiting: BinaryHeap::new(),
+            waiting: BTreeSet::new(),
             num_waiting: 0,
             running: Vec::new(),
             finished_mask: Vec::new(),
@@ -883,7 +887,7 @@ impl Scheduler {
             slot,
             incarnation: r.incarnation,
         };
-        self.waiting.push(key);
+        self.waiting.insert(key);
         self.num_waiting += 1;
     }
 
@@ -1267,7 +1271,9 @@ impl Scheduler {
         // last; none after a preemption (memory is short, and a request just
         // preempted would otherwise come straight back).
         while seqs_left > 0 && tokens_left > 0 && plan.preempted.is_empty() {
-            let Some(key) = self.waiting.pop() else { break };
+            let Some(key) = self.waiting.pop_last() else {
+                break;
+            };
             let live = self.parked.get(key.slot as usize).is_some_and(|r| {
                 r.as_ref().is_some_and(|r| {
                     r.arrival == key.arrival
@@ -1396,7 +1402,7 @@ impl Scheduler {
             });
         }
         for k in self.deferred.drain(..) {
-            self.waiting.push(k);
+            self.waiting.insert(k);
             self.num_waiting += 1;
         }
 
