@@ -9,6 +9,7 @@ mod hit_rule;
 mod layout;
 mod manager;
 mod pool;
+mod prefetch;
 mod tiers;
 mod window_store;
 

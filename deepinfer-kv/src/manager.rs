@@ -17,6 +17,7 @@ use crate::events::{CacheStats, KvEvent};
 use crate::hash::{BlockHash, BlockHasher, ExtraKeys, HashAlgo};
 use crate::hit_rule::{HitPlan, HitRule};
 use crate::pool::{BlockId, BlockPool, PoolUsage};
+use crate::prefetch::prefetch_line;
 
 /// Where one token's KV is written: block id and offset inside the block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -1106,17 +1107,4 @@ fn register_blocks(
         );
     }
     s.registered = s.registered.max(limit);
-}
-
-/// Ask for the cache line holding `p` (a hint: never faults, whatever the address).
-#[inline(always)]
-fn prefetch_line<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is a hint: it reads nothing architecturally and never faults, even for
-    // an invalid address; SSE is part of the x86_64 baseline.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }

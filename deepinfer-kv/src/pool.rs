@@ -15,6 +15,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::error::{KvError, Result};
 use crate::events::KvEvent;
 use crate::hash::BlockHash;
+use crate::prefetch::prefetch_line;
 
 /// Index of a block in the pool (what the engine's block tables hold).
 pub type BlockId = u32;
@@ -554,19 +555,6 @@ impl BlockPool {
         self.index.clear();
         self.emit(KvEvent::Cleared);
     }
-}
-
-/// Ask for the cache line holding `p` (a hint: never faults, whatever the address).
-#[inline(always)]
-fn prefetch_line<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is a hint: it reads nothing architecturally and never faults, even for
-    // an invalid address; SSE is part of the x86_64 baseline.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]
