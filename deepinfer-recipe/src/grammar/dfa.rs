@@ -190,12 +190,7 @@ impl Matcher for RegexMatcher {
         }
         let mut any = allowed.iter().any(|&w| w != 0);
         if self.compiled.accepting(self.state()) {
-            for &eos in &self.compiled.vocab.eos {
-                if let Some(word) = mask.get_mut(eos as usize / 32) {
-                    *word |= 1 << (eos % 32);
-                    any = true;
-                }
-            }
+            any |= self.compiled.vocab.allow_eos(mask);
         }
         if any {
             Ok(())

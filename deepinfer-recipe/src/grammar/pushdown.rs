@@ -1048,12 +1048,7 @@ impl Matcher for PushdownMatcher {
             }
         }
         if self.is_complete() {
-            for &eos in &compiled.vocab.eos {
-                if let Some(word) = mask.get_mut(eos as usize / 32) {
-                    *word |= 1 << (eos % 32);
-                    any = true;
-                }
-            }
+            any |= compiled.vocab.allow_eos(mask);
         }
         if any {
             Ok(())

@@ -243,7 +243,9 @@ impl<'a> Builder<'a> {
                 if !self.recursive.iter().any(|r| r == reference) {
                     self.recursive.push(reference.to_owned());
                 }
-                // A placeholder: the caller compiles rules instead.
+                // Recursion found: this regex is abandoned and the caller
+                // compiles the schema as pushdown rules, so the text
+                // returned here is never used.
                 return Ok(String::new());
             }
             let target = resolve_ref(self.root, reference)?;

@@ -96,6 +96,19 @@ impl GrammarVocab {
         self.size.div_ceil(32)
     }
 
+    /// Sets the end-of-sequence bits in `mask` (an output that may end here);
+    /// whether any was set.
+    pub(crate) fn allow_eos(&self, mask: &mut [u32]) -> bool {
+        let mut any = false;
+        for &eos in &self.eos {
+            if let Some(word) = mask.get_mut(eos as usize / 32) {
+                *word |= 1 << (eos % 32);
+                any = true;
+            }
+        }
+        any
+    }
+
     pub(crate) fn token(&self, id: u32) -> Option<&[u8]> {
         self.token_bytes.get(id as usize)?.as_deref()
     }
