@@ -23,10 +23,12 @@ use deepinfer_spec::Planner;
 
 use crate::cost_model::{PrefillCostModel, StepFeatures, StepSample};
 use crate::error::SchedError;
+mod retire;
 mod slab;
 mod steady_rows;
+use retire::remove_finished;
 use slab::{Loc, slab_mut};
-use steady_rows::{dense_steady_rows, prefetch_record, steady_decode_rows};
+use steady_rows::{dense_steady_rows, prefetch_record, queue_full_block, steady_decode_rows};
 
 use crate::request::{
     DecodeRow, FinishReason, Finished, NewRequest, PlanFix, PrefillChunk, RequestId, RowOutput,
@@ -382,8 +384,10 @@ pub struct Scheduler {
     num_waiting: usize,
     /// Running slots by (priority desc, arrival asc); victims come off the end.
     running: Vec<u32>,
-    /// One bit per running slot: finished during the current `update`.
-    finished_mask: Vec<u64>,
+    /// Running slots finished during the current `update`, each with a hint
+    /// of its place in `running` (see `remove_finished`), and their places.
+    finished: Vec<(u32, u32)>,
+    finished_pos: Vec<usize>,
     /// Blocks filled during an update walk, reported in one batch, and the
     /// running slots of their requests.
     computed_batch: Vec<(SeqHandle, usize)>,
@@ -442,6 +446,20 @@ fn take_sampled(r: &mut Req, toks: &[u32], confs: &[f64], stop: bool) -> Option<
         }
     }
     stop.then_some(FinishReason::Stop)
+}
+
+/// The generated tokens of a request that is leaving. Its history's buffer
+/// becomes the output (the prompt is moved out of the way: no allocation, no
+/// copy to a new buffer, no free) unless that would hand the caller a buffer
+/// more than twice as large as the output.
+fn take_output(r: &mut Req) -> Vec<u32> {
+    let out_len = r.tokens.len() - r.prompt_len;
+    if r.tokens.capacity() > 2 * out_len {
+        return r.tokens[r.prompt_len..].to_vec();
+    }
+    let mut t = std::mem::take(&mut r.tokens);
+    t.drain(..r.prompt_len);
+    t
 }
 
 /// Hands the tokens a request's KV sequence holds but the block manager has
@@ -506,7 +524,8 @@ impl Scheduler {
             waiting: BTreeSet::new(),
             num_waiting: 0,
             running: Vec::new(),
-            finished_mask: Vec::new(),
+            finished: Vec::new(),
+            finished_pos: Vec::new(),
             computed_batch: Vec::new(),
             computed_slots: Vec::new(),
             grow_slots: Vec::new(),
@@ -1454,6 +1473,8 @@ impl Scheduler {
                     &mut self.computed_slots,
                 );
                 let Some(fr) = flight.rows.get(j) else { break };
+                // (The row's index: where its request probably is in `running`.)
+                let hint = j as u32;
                 j += 1;
                 if fr.cancelled {
                     continue;
@@ -1472,13 +1493,15 @@ impl Scheduler {
                 {
                     r.inflight -= 1;
                     r.sampling_rows -= 1;
-                    if r.kv_len >= r.next_full
-                        && let Some(h) = r.kv
-                    {
+                    if r.kv_len >= r.next_full {
                         // Reported in one batch after the walk (see `flush_computed`).
-                        self.computed_batch.push((h, r.kv_len as usize));
-                        self.computed_slots.push(fr.slot);
-                        r.next_full = next_block_end(r.kv_len as usize, self.kv.block_size());
+                        queue_full_block(
+                            r,
+                            fr.slot,
+                            bs,
+                            &mut self.computed_batch,
+                            &mut self.computed_slots,
+                        );
                     }
                     r.tokens.push(t);
                     let reason = if r.has_stops && r.stop_tokens.contains(&t) {
@@ -1493,25 +1516,23 @@ impl Scheduler {
                             slot: fr.slot,
                             parked: false,
                         };
-                        any_finished |= self.finish(loc, reason, &mut res);
+                        any_finished |= self.finish(loc, reason, hint, &mut res);
                     }
                     continue;
                 }
                 any_finished |=
-                    self.apply_decode(fr, std::slice::from_ref(&t), &[], false, &mut res)?;
+                    self.apply_decode(fr, std::slice::from_ref(&t), &[], false, hint, &mut res)?;
             }
         } else {
-            for fr in flight.rows.iter().filter(|f| !f.cancelled) {
+            for (j, fr) in flight.rows.iter().enumerate().filter(|(_, f)| !f.cancelled) {
                 let (o, toks, confs) = cur.next(out);
-                any_finished |= self.apply_decode(fr, toks, confs, o.stop, &mut res)?;
+                any_finished |= self.apply_decode(fr, toks, confs, o.stop, j as u32, &mut res)?;
             }
         }
         self.flush_computed()?;
         if any_finished {
-            let mask = &self.finished_mask;
-            self.running
-                .retain(|&s| mask[s as usize / 64] & (1 << (s % 64)) == 0);
-            self.finished_mask.fill(0);
+            remove_finished(&mut self.running, &self.finished, &mut self.finished_pos);
+            self.finished.clear();
         }
 
         // Cost models learn from the measured step.
@@ -1544,7 +1565,7 @@ impl Scheduler {
     }
 
     /// Applies a prefill chunk's result (see `update`); true when a running
-    /// request finished (its bit is set in `finished_mask`).
+    /// request finished (it is queued in `finished`).
     fn apply_prefill(
         &mut self,
         fr: &FlightRow,
@@ -1571,12 +1592,12 @@ impl Scheduler {
         }
         Ok(match take_sampled(r, toks, confs, stop) {
             None => false,
-            Some(reason) => self.finish(loc, reason, res),
+            Some(reason) => self.finish(loc, reason, u32::MAX, res),
         })
     }
 
     /// Applies a decode row's result (see `update`); true when a running request
-    /// finished (its bit is set in `finished_mask`).
+    /// finished (it is queued in `finished`, with the row's index `hint`).
     #[inline(always)]
     fn apply_decode(
         &mut self,
@@ -1584,6 +1605,7 @@ impl Scheduler {
         toks: &[u32],
         confs: &[f64],
         stop: bool,
+        hint: u32,
         res: &mut UpdateResult,
     ) -> Result<bool, SchedError> {
         let Some(loc) = self.find_row(fr.slot, fr.id, fr.epoch) else {
@@ -1627,7 +1649,7 @@ impl Scheduler {
         }
         Ok(match reason {
             None => false,
-            Some(reason) => self.finish(loc, reason, res),
+            Some(reason) => self.finish(loc, reason, hint, res),
         })
     }
 
@@ -1690,10 +1712,17 @@ impl Scheduler {
     }
 
     /// A request finished with a step's output: free it and report it; true
-    /// when it was running (its bit is then set in `finished_mask`).
+    /// when it was running (it is then queued in `finished`, with `hint`, its
+    /// probable place in `running`, or `u32::MAX`).
     #[cold]
     #[inline(never)]
-    fn finish(&mut self, loc: Loc, reason: FinishReason, res: &mut UpdateResult) -> bool {
+    fn finish(
+        &mut self,
+        loc: Loc,
+        reason: FinishReason,
+        hint: u32,
+        res: &mut UpdateResult,
+    ) -> bool {
         // Its filled blocks are reported (and cached) before its sequence goes.
         // (Cannot fail: every handle in the batch is live.)
         let flushed = self.flush_computed();
@@ -1704,18 +1733,14 @@ impl Scheduler {
             // Preempted while in flight: its heap entry goes stale.
             self.num_waiting -= 1;
         } else {
-            // Covers every running slot, so the retain in `update` can index it.
-            let words = self.slots.len().div_ceil(64);
-            if self.finished_mask.len() < words {
-                self.finished_mask.resize(words, 0);
-            }
-            self.finished_mask[loc.slot as usize / 64] |= 1 << (loc.slot % 64);
+            // Taken out of `running` after the walk (`remove_finished`).
+            self.finished.push((loc.slot, hint));
         }
         self.stats.finished += 1;
         res.finished.push(Finished {
             id: r.id,
             reason,
-            output: r.tokens[r.prompt_len..].to_vec(),
+            output: take_output(&mut r),
         });
         !loc.parked
     }

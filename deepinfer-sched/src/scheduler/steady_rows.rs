@@ -189,7 +189,9 @@ pub(super) fn dense_steady_rows(
 }
 
 /// Queues the block a steady row's input filled for `flush_computed` (once
-/// per block per request, so kept out of the row loop).
+/// per block per request, so kept out of the row loop), and asks for the
+/// lines of the block's tokens, which `flush_computed` hashes: the first of
+/// them were written a block's worth of steps ago and have left the cache.
 #[cold]
 #[inline(never)]
 pub(super) fn queue_full_block(
@@ -200,6 +202,12 @@ pub(super) fn queue_full_block(
     batch_slots: &mut Vec<u32>,
 ) {
     if let Some(h) = r.kv {
+        // The last full block at `kv_len` (its tokens are in the history: the
+        // row's input is the token before the one being appended).
+        let start = (r.kv_len as usize / bs).saturating_sub(1) * bs;
+        let p = r.tokens.as_ptr();
+        prefetch_line(p.wrapping_add(start));
+        prefetch_line(p.wrapping_add(start + bs - 1));
         batch.push((h, r.kv_len as usize));
         batch_slots.push(slot);
         r.next_full = next_block_end(r.kv_len as usize, bs);
