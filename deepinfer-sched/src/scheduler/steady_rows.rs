@@ -94,6 +94,10 @@ pub(super) fn steady_decode_rows(
             // finds the blocks' lines at hand (see `prefetch_free_ahead`).
             kv.prefetch_free_ahead();
         }
+        // The line `update` will append this row's token to: asked for now,
+        // while the record's line is at hand, so that `update` reads no
+        // record ahead of its row to find it.
+        prefetch_line(r.tokens.as_ptr().wrapping_add(r.tokens.len()));
         r.kv_len = position + 1;
         r.kv_room -= 1;
         r.scheduled = position + 1;
@@ -150,20 +154,17 @@ pub(super) fn dense_steady_rows(
 ) -> (usize, usize) {
     let run = rows.get(j..).unwrap_or(&[]);
     let toks = toks.get(t..).unwrap_or(&[]);
-    // The records 8 rows on and the history ends 4 rows on (the token store
-    // each row makes), so their misses overlap.
+    let n = run.len().min(toks.len());
+    let (run, toks) = (&run[..n], &toks[..n]);
+    // The records 8 rows on, so their misses overlap (the history ends were
+    // asked for when the rows were planned, see `steady_decode_rows`).
     let ahead8 = run.get(8..).unwrap_or(&[]);
-    let ahead4 = run.get(4..).unwrap_or(&[]);
     let mut k = 0;
-    for (fr, &tok) in run.iter().zip(toks) {
+    while k < n {
         if let Some(f8) = ahead8.get(k) {
             prefetch_record(slots, f8.slot);
         }
-        if let Some(f4) = ahead4.get(k)
-            && let Some(r4) = slots.get(f4.slot as usize)
-        {
-            prefetch_line(r4.tokens.as_ptr().wrapping_add(r4.tokens.len()));
-        }
+        let fr = &run[k];
         let Some(r) = slots.get_mut(fr.slot as usize) else {
             break;
         };
@@ -182,7 +183,7 @@ pub(super) fn dense_steady_rows(
         if r.kv_len >= r.next_full {
             queue_full_block(r, fr.slot, bs, batch, batch_slots);
         }
-        r.tokens.push(tok);
+        r.tokens.push(toks[k]);
         k += 1;
     }
     (j + k, t + k)
