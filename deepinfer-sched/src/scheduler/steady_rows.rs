@@ -69,11 +69,12 @@ pub(super) fn steady_decode_rows(
     let mut sum = 0u64;
     let mut k = 0;
     let mut g = 0;
-    while k < n {
+    // (Zipped, so the row and its two outputs need no bounds checks.)
+    let outs = rows_out.iter_mut().zip(decode_out.iter_mut());
+    for (&slot, (row_out, decode_out)) in run.iter().zip(outs) {
         if let Some(&s8) = ahead.get(k) {
             prefetch_record(slots, s8);
         }
-        let slot = run[k];
         let Some(r) = slots.get_mut(slot as usize) else {
             break;
         };
@@ -104,7 +105,7 @@ pub(super) fn steady_decode_rows(
         r.inflight += 1;
         r.sampling_rows += 1;
         sum += u64::from(position) + 1;
-        rows_out[k].write(DecodeFlight {
+        row_out.write(DecodeFlight {
             id: r.id,
             position,
             slot,
@@ -114,7 +115,7 @@ pub(super) fn steady_decode_rows(
             provisional: false,
             cancelled: false,
         });
-        decode_out[k].write(DecodeRow {
+        decode_out.write(DecodeRow {
             request: r.id,
             position: position as usize,
             drafts: 0,
