@@ -163,3 +163,33 @@ fn cli_readme_command_runs_the_sample_batch_and_errors_are_one_line() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.starts_with("error:"), "{err}");
 }
+
+/// Without a usable GPU (no `cuda` feature, or no driver), `--backend cuda` is one readable
+/// error line and a non-zero exit, for both subcommands that take it.
+#[test]
+fn backend_cuda_without_a_gpu_is_one_error_line() {
+    if deepinfer_kernels::cuda::CudaBackend::new(0).is_ok() && cfg!(feature = "cuda") {
+        return; // a real device: the GPU path runs instead (tests/cuda_golden.rs)
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["generate", "--backend", "cuda", "--prompt", "hi"][..],
+        &[
+            "forward-bench",
+            "--model",
+            "no/such/dir",
+            "--backend",
+            "cuda",
+        ][..],
+    ] {
+        let out = deepinfer(dir.path(), args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error:"), "{err}");
+        assert!(
+            err.contains("cuda") || err.contains("CUDA"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -49,7 +49,10 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   [[ -d $d ]] && extra=${extra:+$extra:}$d
 done
 export LD_LIBRARY_PATH=${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-if ! ldconfig -p 2>/dev/null | grep -q libnvrtc && ! ls ${extra//:/ } 2>/dev/null | grep -q libnvrtc; then
+# (No `ls | grep -q` here: under pipefail grep's early exit fails the pipeline.)
+found=$(ldconfig -p 2>/dev/null | grep -c libnvrtc || true)
+for d in ${extra//:/ }; do compgen -G "$d/libnvrtc.so*" >/dev/null && found=1; done
+if [[ $found == 0 ]]; then
   echo "WARNING: libnvrtc not found; kernels cannot be compiled (set DEEPINFER_NVRTC_LIB)" | tee -a "$log"
 fi
 

@@ -5,11 +5,12 @@
 //! which writes random weights for a config so any model size can be benchmarked.
 
 use super::CliResult;
+use super::backend::{self, BackendArg};
 use crate::model::{
     BatchItem, LoadOptions, Logits, MatmulWeights, Model, RandomDtype, write_random_checkpoint,
 };
 use clap::Args;
-use deepinfer_kernels::{CpuBackend, CpuConfig};
+use deepinfer_kernels::{Backend, CpuBackend, CpuConfig};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -44,6 +45,10 @@ pub struct ForwardBenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Compute backend: `cpu` (default) or `cuda` (GPU 0; a build with the `cuda` feature).
+    /// Each forward returns its logits to the host, so the times include that copy.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
 }
 
 /// Arguments of `deepinfer random-checkpoint`.
@@ -101,10 +106,17 @@ pub fn run(a: &ForwardBenchArgs) -> CliResult {
 }
 
 fn measure(a: &ForwardBenchArgs) -> CliResult {
-    let be = CpuBackend::with_config(CpuConfig {
+    let cpu = CpuConfig {
         batch_invariant: a.batch_invariant,
         threads: None,
-    })?;
+    };
+    match a.backend {
+        BackendArg::Cpu => measure_on(a, CpuBackend::with_config(cpu)?),
+        BackendArg::Cuda => measure_on(a, backend::cuda(cpu)?),
+    }
+}
+
+fn measure_on<B: Backend>(a: &ForwardBenchArgs, be: B) -> CliResult {
     let t0 = Instant::now();
     let opts = LoadOptions {
         matmul_weights: if a.bf16_weights {
@@ -172,6 +184,7 @@ fn measure(a: &ForwardBenchArgs) -> CliResult {
             "layers": c.num_layers,
             "hidden": c.hidden_size,
             "vocab": c.vocab_size,
+            "backend": format!("{:?}", a.backend).to_lowercase(),
             "threads": a.threads,
             "batch_invariant": a.batch_invariant,
             "bf16_weights": a.bf16_weights,
@@ -189,12 +202,13 @@ fn measure(a: &ForwardBenchArgs) -> CliResult {
         println!("{v}");
     } else {
         println!(
-            "model {} ({:?}, {} layers, hidden {}, vocab {}), cpu, {} threads, {} mode, loaded in {:.2} s",
+            "model {} ({:?}, {} layers, hidden {}, vocab {}), {}, {} threads, {} mode, loaded in {:.2} s",
             a.model.display(),
             c.kind,
             c.num_layers,
             c.hidden_size,
             c.vocab_size,
+            format!("{:?}", a.backend).to_lowercase(),
             a.threads,
             if a.batch_invariant {
                 "batch-invariant"

@@ -3,13 +3,14 @@
 //! `--input` either, the built-in sample batch.
 
 use super::CliResult;
+use super::backend::{self, BackendArg};
 use crate::model::Model;
 use crate::runtime::{
     ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, SAMPLE_BATCH, default_model_dir,
     materialize_default, run_batch,
 };
 use clap::Args;
-use deepinfer_kernels::{CpuBackend, CpuConfig};
+use deepinfer_kernels::{Backend, CpuBackend, CpuConfig};
 use deepinfer_recipe::PromptTokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
@@ -78,6 +79,10 @@ pub struct GenerateArgs {
     /// Debug: fail loudly if the host thread reads device results while a step computes.
     #[arg(long)]
     pub sync_check: bool,
+    /// Compute backend: `cpu` (default) or `cuda` (GPU 0; needs a build with the `cuda`
+    /// feature, the CUDA driver and libnvrtc at run time).
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
 }
 
 /// `--spec-budget` values.
@@ -119,10 +124,20 @@ fn tokenizer_for(dir: Option<&Path>, vocab: usize) -> Result<PromptTokenizer, St
 
 /// Run `deepinfer generate`.
 pub fn run(a: &GenerateArgs) -> CliResult {
-    let be = CpuBackend::with_config(CpuConfig {
+    let cpu = CpuConfig {
         batch_invariant: a.deterministic,
         threads: a.threads,
-    })?;
+    };
+    match a.backend {
+        BackendArg::Cpu => run_on(a, CpuBackend::with_config(cpu)?),
+        BackendArg::Cuda => run_on(a, backend::cuda(cpu)?),
+    }
+}
+
+fn run_on<B: Backend>(a: &GenerateArgs, be: B) -> CliResult
+where
+    B::Tensor: Clone,
+{
     let t_load = std::time::Instant::now();
     let (model, label) = match &a.model {
         Some(dir) => (Model::load(dir, be)?, dir.display().to_string()),

@@ -1,6 +1,7 @@
 //! The `deepinfer` command line. Each subcommand lives in its own module with its own
 //! clap `Args` struct and a `run` function; `main` only dispatches.
 
+pub mod backend;
 #[cfg(feature = "runtime")]
 pub mod bench;
 pub mod forward_bench;

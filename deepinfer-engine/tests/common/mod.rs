@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use deepinfer_engine::{BatchItem, Logits, Model};
-use deepinfer_kernels::{CpuBackend, CpuConfig};
+use deepinfer_kernels::{Backend, CpuBackend, CpuConfig};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -81,7 +81,7 @@ pub fn max_diff(a: &[f32], b: &[f64]) -> f64 {
 }
 
 /// Logits of every position for `ids` fed in chunks of `chunk`.
-pub fn chunked(m: &Model<CpuBackend>, ids: &[u32], chunk: usize) -> Vec<f32> {
+pub fn chunked<B: Backend>(m: &Model<B>, ids: &[u32], chunk: usize) -> Vec<f32> {
     let mut st = m.new_state();
     let mut out = Vec::new();
     for part in ids.chunks(chunk) {

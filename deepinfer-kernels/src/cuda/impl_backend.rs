@@ -1,8 +1,9 @@
 //! `impl Backend for CudaBackend`: device tensors ([`CudaTensor`]) and every trait operation.
 //!
-//! **Compile-checked, not run-checked.** No GPU was available when this was written: the code
-//! type-checks against cudarc and the kernels compile under NVRTC, but no result of this trait
-//! implementation has been compared with the CPU backend on a device yet.
+//! **Checked on a device** (one NVIDIA H200, `sm_90a`, 2026-11-29): `tests/cuda_backend_trait.rs`
+//! ran its model-like step on CUDA and the CPU and they matched, and both DeepSeek graphs of
+//! `deepinfer-engine` ran on this backend within 1e-5 of their oracle logits with the same
+//! greedy continuations (that crate's `tests/cuda_golden.rs`).
 //!
 //! Each operation either launches an existing kernel wrapper of [`CudaBackend`] or, where no
 //! kernel exists yet, **round-trips through the host**: the inputs are downloaded, the held

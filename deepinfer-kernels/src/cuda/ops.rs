@@ -1,8 +1,8 @@
 //! `CudaBackend` operations beyond the decode hot path: quantised weights, GEMM (cuBLAS, or
 //! the portable tiled kernel), embedding gather, RoPE, SwiGLU, MoE routing, sink attention,
 //! paged block copy, quantise / dequantise. Thin launch wrappers: shapes are checked here,
-//! the arithmetic is in `kernels/*.cu`. Compile-checked, not run-checked (see the module
-//! docs of [`super`]).
+//! the arithmetic is in `kernels/*.cu`. Checked against the CPU backend on an H200 (see the
+//! module docs of [`super`]).
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas_sys};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
