@@ -268,6 +268,11 @@ fn json_ws() -> G {
     star(G::Char(|c| " \t\n\r".contains(c), " \n"))
 }
 
+/// Whitespace between JSON tokens: [`json_ws`], or none for compact JSON.
+fn ws_between(compact: bool) -> G {
+    if compact { G::Lit("") } else { json_ws() }
+}
+
 fn json_string() -> G {
     let hex = || G::Char(|c| c.is_ascii_hexdigit(), "09afAF");
     seq(vec![
@@ -321,8 +326,9 @@ fn json_number() -> G {
 }
 
 /// RFC 8259 JSON; rule 0 an object with surrounding whitespace, rule 1 a
-/// value, rule 2 an object.
-fn json_reference() -> Reference {
+/// value, rule 2 an object. `compact`: no whitespace outside strings.
+fn json_reference(compact: bool) -> Reference {
+    let json_ws = || ws_between(compact);
     let comma = || seq(vec![json_ws(), G::Lit(","), json_ws()]);
     let member = || {
         seq(vec![
@@ -378,8 +384,9 @@ fn tree_schema() -> serde_json::Value {
 }
 
 /// Documents of [`tree_schema`]: properties in declared order, `children`
-/// optional.
-fn tree_reference() -> Reference {
+/// optional. `compact`: no whitespace outside strings.
+fn tree_reference(compact: bool) -> Reference {
+    let json_ws = || ws_between(compact);
     let comma = || seq(vec![json_ws(), G::Lit(","), json_ws()]);
     let colon = || seq(vec![json_ws(), G::Lit(":"), json_ws()]);
     Reference::new(vec![
@@ -414,12 +421,16 @@ fn tree_reference() -> Reference {
 
 #[test]
 fn reference_recognizer_sanity() {
-    let json = json_reference();
+    let json = json_reference(false);
     assert!(json.accepts(br#" {"a": [1, {"b": null}, "x\u00e9"], "c": -1.5e3} "#));
     assert!(!json.accepts(br#"{"a": }"#));
     assert!(json.accepts_prefix(br#"{"a": [1, {"b"#));
     assert!(!json.accepts_prefix(br#"{"a": ]"#));
-    let tree = tree_reference();
+    let compact = json_reference(true);
+    assert!(compact.accepts(br#"{"a":[1,{"b":null},"x y"],"c":-1.5e3}"#));
+    assert!(!compact.accepts(br#"{"a": 1}"#));
+    assert!(!compact.accepts(br#" {"a":1}"#));
+    let tree = tree_reference(false);
     assert!(tree.accepts(br#"{"value": 1, "children": [{"value": 2}]}"#));
     assert!(!tree.accepts(br#"{"children": [], "value": 1}"#));
     let arithmetic = arithmetic_reference();
@@ -487,6 +498,7 @@ fn cases() -> &'static [Case] {
     CASES.get_or_init(|| {
         let backend = RegexBackend::default();
         let compile = |spec| backend.compile(&spec, &vocab()).unwrap();
+        let compact = RegexBackend::default().with_json_whitespace(false);
         vec![
             Case {
                 grammar: compile(GrammarSpec::Ebnf(ARITHMETIC.into())),
@@ -495,17 +507,34 @@ fn cases() -> &'static [Case] {
             },
             Case {
                 grammar: compile(GrammarSpec::JsonObject),
-                reference: json_reference(),
+                reference: json_reference(false),
                 depth: 6,
             },
             Case {
                 grammar: compile(GrammarSpec::JsonSchema(tree_schema())),
-                reference: tree_reference(),
+                reference: tree_reference(false),
+                depth: 6,
+            },
+            // Compact JSON (no whitespace between tokens).
+            Case {
+                grammar: compact.compile(&GrammarSpec::JsonObject, &vocab()).unwrap(),
+                reference: json_reference(true),
+                depth: 6,
+            },
+            Case {
+                grammar: compact
+                    .compile(&GrammarSpec::JsonSchema(tree_schema()), &vocab())
+                    .unwrap(),
+                reference: tree_reference(true),
                 depth: 6,
             },
         ]
     })
 }
+
+/// Number of [`cases`]: arithmetic EBNF, `json_object`, the tree schema,
+/// then the two JSON ones compact.
+const CASES: usize = 5;
 
 fn decode(ids: &[u32]) -> Vec<u8> {
     let tokenizer = common::tokenizer();
@@ -521,7 +550,7 @@ proptest! {
     /// (a) Every text the reference accepts tokenises into tokens that the
     /// mask allows at each step, ending complete with end-of-sequence allowed.
     #[test]
-    fn reference_texts_pass_the_mask(case in 0usize..3, seed in any::<u64>()) {
+    fn reference_texts_pass_the_mask(case in 0usize..CASES, seed in any::<u64>()) {
         let case = &cases()[case];
         let text = case.reference.sample(seed, case.depth);
         prop_assert!(case.reference.accepts(text.as_bytes()), "generator: {text:?}");
@@ -536,7 +565,7 @@ proptest! {
     /// accepts as prefixes; end of sequence only where it accepts the text.
     #[test]
     fn mask_walks_stay_inside_the_language(
-        case in 0usize..3,
+        case in 0usize..CASES,
         choices in proptest::collection::vec(any::<u32>(), 1..24),
     ) {
         let case = &cases()[case];
@@ -562,7 +591,7 @@ proptest! {
 
     /// (c) Rolling back and accepting again equals never having accepted.
     #[test]
-    fn rollback_then_reaccept_is_identity(case in 0usize..3, seed in any::<u64>(), back in 1usize..8) {
+    fn rollback_then_reaccept_is_identity(case in 0usize..CASES, seed in any::<u64>(), back in 1usize..8) {
         let case = &cases()[case];
         let text = case.reference.sample(seed, case.depth);
         let ids = common::tokenizer().encode_plain(&text).unwrap();

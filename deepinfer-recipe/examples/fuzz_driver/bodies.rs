@@ -99,6 +99,7 @@ pub fn grammar(data: &[u8]) {
     let backend = RegexBackend {
         dfa_size_limit: 4 << 20,
         max_depth: 64,
+        ..RegexBackend::default()
     };
     let Ok(grammar) = backend.compile(&spec, &vocab) else {
         return;

@@ -26,6 +26,10 @@
 //! picks the path itself. Nesting is exact up to an explicit stack-depth cap
 //! ([`RegexBackend::max_depth`], default [`DEFAULT_MAX_DEPTH`]); a token that
 //! would nest deeper is refused with [`GrammarError::DepthLimit`].
+//! JSON outputs allow insignificant whitespace by default;
+//! [`RegexBackend::with_json_whitespace`]`(false)` makes them compact on
+//! both paths (a `RegexBackend` option; the xgrammar backend's whitespace
+//! is fixed).
 //!
 //! Supported by [`RegexBackend`]: regular expressions (Rust `regex` syntax:
 //! `\d` `\w` `\s` are Unicode classes, `.` does not match `\n`);
@@ -208,6 +212,16 @@ pub struct RegexBackend {
     /// Stack-depth cap of the pushdown matcher (nesting of recursive rules:
     /// e.g. one level per JSON object or array in `json_object`).
     pub max_depth: usize,
+    /// Whether JSON outputs ([`GrammarSpec::JsonObject`],
+    /// [`GrammarSpec::JsonSchema`]) may hold insignificant whitespace
+    /// (`[ \t\n\r]*`) around and between their tokens (default: yes).
+    /// Without it they are compact (`{"a":[1,2]}`; whitespace inside strings
+    /// is text and stays allowed), as xgrammar's `any_whitespace = false`:
+    /// a model, above all one with random weights, cannot then pad a
+    /// document with whitespace until its token limit. A [`GrammarCache`]
+    /// holds one backend, so its keys need not tell the two apart; DSML
+    /// tool-call blocks, regexes and EBNF grammars are not affected.
+    pub json_whitespace: bool,
 }
 
 impl Default for RegexBackend {
@@ -215,11 +229,36 @@ impl Default for RegexBackend {
         Self {
             dfa_size_limit: 256 << 20,
             max_depth: DEFAULT_MAX_DEPTH,
+            json_whitespace: true,
         }
     }
 }
 
 impl RegexBackend {
+    /// The same backend with insignificant whitespace in JSON outputs
+    /// allowed (`true`, the default) or not (compact JSON); see
+    /// [`RegexBackend::json_whitespace`].
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use deepinfer_recipe::grammar::{GrammarBackend, GrammarSpec, GrammarVocab, RegexBackend};
+    ///
+    /// // Tokens `{`, `}`, ` ` and end of sequence (id 3).
+    /// let tokens = vec![Some(b"{".to_vec()), Some(b"}".to_vec()), Some(b" ".to_vec()), None];
+    /// let vocab = Arc::new(GrammarVocab::new(tokens, &[3], &[]));
+    /// let compact = RegexBackend::default().with_json_whitespace(false);
+    /// let mut matcher = compact.compile(&GrammarSpec::JsonObject, &vocab)?.matcher();
+    /// matcher.accept(0)?;
+    /// let mut mask = [0u32; 1];
+    /// matcher.fill_bitmask(&mut mask)?;
+    /// assert_eq!(mask[0], 0b0010); // `}` only: no space inside `{}`
+    /// # Ok::<(), deepinfer_recipe::grammar::GrammarError>(())
+    /// ```
+    pub fn with_json_whitespace(mut self, whitespace: bool) -> Self {
+        self.json_whitespace = whitespace;
+        self
+    }
+
     fn pushdown(
         &self,
         rules: &Rules,
@@ -242,11 +281,15 @@ impl GrammarBackend for RegexBackend {
         vocab: &Arc<GrammarVocab>,
     ) -> Result<Arc<dyn CompiledGrammar>, GrammarError> {
         let pattern = match spec {
-            GrammarSpec::JsonObject => return self.pushdown(&schema::json_object_rules(), vocab),
-            GrammarSpec::JsonSchema(schema) => match schema::schema_grammar(schema)? {
-                pushdown::Lowered::Regex(pattern) => pattern,
-                pushdown::Lowered::Rules(rules) => return self.pushdown(&rules, vocab),
-            },
+            GrammarSpec::JsonObject => {
+                return self.pushdown(&schema::json_object_rules(self.json_whitespace), vocab);
+            }
+            GrammarSpec::JsonSchema(schema) => {
+                match schema::schema_grammar(schema, self.json_whitespace)? {
+                    pushdown::Lowered::Regex(pattern) => pattern,
+                    pushdown::Lowered::Rules(rules) => return self.pushdown(&rules, vocab),
+                }
+            }
             GrammarSpec::Regex(regex) => regex.clone(),
             GrammarSpec::Ebnf(grammar) => {
                 let grammar = Ebnf::parse(grammar)?;

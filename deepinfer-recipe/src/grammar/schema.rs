@@ -21,31 +21,49 @@ pub const JSON_DEPTH: usize = 3;
 /// Most optional properties per object (the regex grows as 2^n).
 const MAX_OPTIONAL: usize = 8;
 
+/// Insignificant whitespace between JSON tokens (RFC 8259).
 const WS: &str = r"[ \t\n\r]*";
 const STRING: &str = r#""(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*""#;
 pub(crate) const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))"#;
 const INTEGER: &str = r"-?(?:0|[1-9][0-9]*)";
 const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
+/// The whitespace pattern between JSON tokens: [`WS`], or nothing for
+/// compact JSON (`{"a":[1,2]}`, as xgrammar's `any_whitespace = false`).
+fn ws_pattern(whitespace: bool) -> &'static str {
+    if whitespace { WS } else { "" }
+}
+
 /// Any JSON value nested at most `depth` deep.
 pub fn json_value_regex(depth: usize) -> String {
+    value_regex(depth, WS)
+}
+
+/// Any JSON value nested at most `depth` deep, `ws` between tokens.
+fn value_regex(depth: usize, ws: &str) -> String {
     let scalar = format!("{STRING}|{NUMBER}|true|false|null");
     if depth == 0 {
         return format!("(?:{scalar})");
     }
-    let inner = json_value_regex(depth - 1);
+    let inner = value_regex(depth - 1, ws);
     let object = format!(
-        r"\{{{WS}(?:{STRING}{WS}:{WS}{inner}(?:{WS},{WS}{STRING}{WS}:{WS}{inner})*)?{WS}\}}"
+        r"\{{{ws}(?:{STRING}{ws}:{ws}{inner}(?:{ws},{ws}{STRING}{ws}:{ws}{inner})*)?{ws}\}}"
     );
-    let array = format!(r"\[{WS}(?:{inner}(?:{WS},{WS}{inner})*)?{WS}\]");
+    let array = format!(r"\[{ws}(?:{inner}(?:{ws},{ws}{inner})*)?{ws}\]");
     format!("(?:{scalar}|{object}|{array})")
 }
 
 /// Any JSON object nested at most `depth` deep.
-pub fn json_object_regex(depth: usize) -> String {
-    let inner = json_value_regex(depth.saturating_sub(1));
+#[cfg(test)]
+fn json_object_regex(depth: usize) -> String {
+    object_regex(depth, WS)
+}
+
+/// Any JSON object nested at most `depth` deep, `ws` between tokens.
+fn object_regex(depth: usize, ws: &str) -> String {
+    let inner = value_regex(depth.saturating_sub(1), ws);
     format!(
-        r"{WS}\{{{WS}(?:{STRING}{WS}:{WS}{inner}(?:{WS},{WS}{STRING}{WS}:{WS}{inner})*)?{WS}\}}{WS}"
+        r"{ws}\{{{ws}(?:{STRING}{ws}:{ws}{inner}(?:{ws},{ws}{STRING}{ws}:{ws}{inner})*)?{ws}\}}{ws}"
     )
 }
 
@@ -57,21 +75,21 @@ const OBJECT_RULE: &str = "(object)";
 /// Add the free-form JSON rules (any string, value, object; nesting without
 /// limit) to `rules`, returning their calls by name. Strings are a rule of
 /// their own so that every string, whatever its context, shares one set of
-/// DFA states, and with it one mask cache.
-fn json_rules(rules: &mut Rules) -> HashMap<String, usize> {
+/// DFA states, and with it one mask cache. `ws` goes between tokens.
+fn json_rules(rules: &mut Rules, ws: &str) -> HashMap<String, usize> {
     let string = rules.declare(STRING_RULE);
     let value = rules.declare(VALUE_RULE);
     let object = rules.declare(OBJECT_RULE);
     let (s, v, o) = (Rules::call(string), Rules::call(value), Rules::call(object));
     rules.define(string, STRING.to_owned());
-    let array = format!(r"\[{WS}(?:{v}(?:{WS},{WS}{v})*)?{WS}\]");
+    let array = format!(r"\[{ws}(?:{v}(?:{ws},{ws}{v})*)?{ws}\]");
     rules.define(
         value,
         format!("(?:{s}|{NUMBER}|true|false|null|{o}|{array})"),
     );
     rules.define(
         object,
-        format!(r"\{{{WS}(?:{s}{WS}:{WS}{v}(?:{WS},{WS}{s}{WS}:{WS}{v})*)?{WS}\}}"),
+        format!(r"\{{{ws}(?:{s}{ws}:{ws}{v}(?:{ws},{ws}{s}{ws}:{ws}{v})*)?{ws}\}}"),
     );
     [
         (STRING_RULE, string),
@@ -84,12 +102,15 @@ fn json_rules(rules: &mut Rules) -> HashMap<String, usize> {
 }
 
 /// Any JSON object, nested without limit: rules for the pushdown matcher.
-pub(crate) fn json_object_rules() -> Rules {
+/// `whitespace`: insignificant whitespace allowed around and between
+/// tokens; without it the object is compact.
+pub(crate) fn json_object_rules(whitespace: bool) -> Rules {
+    let ws = ws_pattern(whitespace);
     let mut rules = Rules::new();
     let start = rules.declare("(start)");
-    let calls = json_rules(&mut rules);
+    let calls = json_rules(&mut rules, ws);
     let object = Rules::call(calls[OBJECT_RULE]);
-    rules.define(start, format!("{WS}{object}{WS}"));
+    rules.define(start, format!("{ws}{object}{ws}"));
     rules
 }
 
@@ -114,11 +135,14 @@ pub fn schema_regex(schema: &Value) -> Result<String, GrammarError> {
 /// value (other than a plain string) occurs, else rules where each
 /// recursive `$ref` and the free-form JSON value / object are rules and
 /// everything else is inlined, so free-form values nest without bound.
-pub(crate) fn schema_grammar(schema: &Value) -> Result<Lowered, GrammarError> {
-    let mut builder = Builder::new(schema);
+/// `whitespace`: insignificant whitespace allowed around and between
+/// tokens; without it documents are compact.
+pub(crate) fn schema_grammar(schema: &Value, whitespace: bool) -> Result<Lowered, GrammarError> {
+    let ws = ws_pattern(whitespace);
+    let mut builder = Builder::new(schema).with_ws(ws);
     let body = builder.value(schema)?;
     if builder.recursive.is_empty() && !builder.free_form {
-        return Ok(Lowered::Regex(format!("{WS}{body}{WS}")));
+        return Ok(Lowered::Regex(format!("{ws}{body}{ws}")));
     }
     let recursive = std::mem::take(&mut builder.recursive);
     let mut rules = Rules::new();
@@ -128,9 +152,9 @@ pub(crate) fn schema_grammar(schema: &Value) -> Result<Lowered, GrammarError> {
         .map(|reference| (reference.clone(), rules.declare(reference.clone())))
         .collect();
     // Free-form values inside a recursive schema nest without limit too.
-    calls.extend(json_rules(&mut rules));
+    calls.extend(json_rules(&mut rules, ws));
     let lower = |target: &Value| {
-        let mut builder = Builder::new(schema);
+        let mut builder = Builder::new(schema).with_ws(ws);
         builder.calls = calls.clone();
         let body = builder.value(target)?;
         if builder.recursive.is_empty() {
@@ -141,7 +165,7 @@ pub(crate) fn schema_grammar(schema: &Value) -> Result<Lowered, GrammarError> {
             ))
         }
     };
-    rules.define(start, format!("{WS}{}{WS}", lower(schema)?));
+    rules.define(start, format!("{ws}{}{ws}", lower(schema)?));
     for reference in &recursive {
         let target = resolve_ref(schema, reference)?;
         rules.define(calls[reference], lower(target)?);
@@ -179,6 +203,8 @@ struct Builder<'a> {
     calls: HashMap<String, usize>,
     /// Whether a free-form value or object was inlined as a bounded regex.
     free_form: bool,
+    /// Whitespace between tokens ([`WS`], or nothing for compact JSON).
+    ws: &'static str,
 }
 
 impl<'a> Builder<'a> {
@@ -190,7 +216,14 @@ impl<'a> Builder<'a> {
             recursive: Vec::new(),
             calls: HashMap::new(),
             free_form: false,
+            ws: WS,
         }
+    }
+
+    /// The same, with `ws` between JSON tokens.
+    fn with_ws(mut self, ws: &'static str) -> Self {
+        self.ws = ws;
+        self
     }
 
     /// A free-form JSON string, value or object: a call to its rule when
@@ -200,8 +233,8 @@ impl<'a> Builder<'a> {
         match (self.calls.get(rule), rule) {
             (Some(&call), _) => Rules::call(call),
             (None, STRING_RULE) => STRING.to_owned(),
-            (None, OBJECT_RULE) => json_object_regex(JSON_DEPTH),
-            (None, _) => json_value_regex(JSON_DEPTH),
+            (None, OBJECT_RULE) => object_regex(JSON_DEPTH, self.ws),
+            (None, _) => value_regex(JSON_DEPTH, self.ws),
         }
     }
 
@@ -211,8 +244,8 @@ impl<'a> Builder<'a> {
         self.free_form |= self.calls.is_empty();
         match (self.calls.get(rule), rule) {
             (Some(&call), _) => Rules::call(call),
-            (None, OBJECT_RULE) => json_object_regex(JSON_DEPTH - 1),
-            (None, _) => json_value_regex(JSON_DEPTH - 1),
+            (None, OBJECT_RULE) => object_regex(JSON_DEPTH - 1, self.ws),
+            (None, _) => value_regex(JSON_DEPTH - 1, self.ws),
         }
     }
 
@@ -365,16 +398,17 @@ impl<'a> Builder<'a> {
                 };
                 let min = count("minItems").unwrap_or(0);
                 let max = count("maxItems");
+                let ws = self.ws;
                 let body = match (min, max) {
                     (_, Some(0)) => String::new(),
-                    (0, None) => format!("(?:{item}(?:{WS},{WS}{item})*)?"),
-                    (0, Some(max)) => format!("(?:{item}(?:{WS},{WS}{item}){{0,{}}})?", max - 1),
+                    (0, None) => format!("(?:{item}(?:{ws},{ws}{item})*)?"),
+                    (0, Some(max)) => format!("(?:{item}(?:{ws},{ws}{item}){{0,{}}})?", max - 1),
                     (min, max) => {
                         let max = max.map(|m| (m - 1).to_string()).unwrap_or_default();
-                        format!("{item}(?:{WS},{WS}{item}){{{},{max}}}", min - 1)
+                        format!("{item}(?:{ws},{ws}{item}){{{},{max}}}", min - 1)
                     }
                 };
-                Ok(format!(r"\[{WS}{body}{WS}\]"))
+                Ok(format!(r"\[{ws}{body}{ws}\]"))
             }
             "object" => {
                 let Some(properties) = object.get("properties").and_then(Value::as_object) else {
@@ -394,16 +428,20 @@ impl<'a> Builder<'a> {
                         "{optional} optional properties (at most {MAX_OPTIONAL})"
                     )));
                 }
+                let ws = self.ws;
                 let mut members = Vec::new();
                 for (name, schema) in properties {
                     let key = escape_literal(&Value::String(name.clone()));
                     let value = self.value(schema)?;
                     members.push((
-                        format!("{key}{WS}:{WS}{value}"),
+                        format!("{key}{ws}:{ws}{value}"),
                         required.contains(&name.as_str()),
                     ));
                 }
-                Ok(format!(r"\{{{WS}{}{WS}\}}", members_regex(&members, false)))
+                Ok(format!(
+                    r"\{{{ws}{}{ws}\}}",
+                    members_regex(&members, false, ws)
+                ))
             }
             other => Err(GrammarError::Unsupported(format!("type {other:?}"))),
         }
@@ -411,21 +449,21 @@ impl<'a> Builder<'a> {
 }
 
 /// Members in order; optional ones may be left out, commas only between
-/// members that are present.
-fn members_regex(members: &[(String, bool)], need_comma: bool) -> String {
+/// members that are present; `ws` around the commas.
+fn members_regex(members: &[(String, bool)], need_comma: bool, ws: &str) -> String {
     let Some(((member, required), rest)) = members.split_first() else {
         return String::new();
     };
     let comma = if need_comma {
-        format!("{WS},{WS}")
+        format!("{ws},{ws}")
     } else {
         String::new()
     };
-    let present = format!("{comma}{member}{}", members_regex(rest, true));
+    let present = format!("{comma}{member}{}", members_regex(rest, true, ws));
     if *required {
         present
     } else {
-        format!("(?:{present}|{})", members_regex(rest, need_comma))
+        format!("(?:{present}|{})", members_regex(rest, need_comma, ws))
     }
 }
 
