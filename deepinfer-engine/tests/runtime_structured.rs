@@ -7,10 +7,11 @@
 
 use deepinfer_engine::Model;
 use deepinfer_engine::runtime::{
-    ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, FinishReason, Output, materialize_default,
+    ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, FinishReason, GrammarConstraint, Output,
+    materialize_default,
 };
 use deepinfer_kernels::CpuBackend;
-use deepinfer_recipe::PromptTokenizer;
+use deepinfer_recipe::{PromptTokenizer, SpecialToken};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -290,4 +291,325 @@ fn stop_sequences_end_the_output_identically_with_and_without_overlap() {
     }
     assert_eq!(outs[0].token_ids, outs[1].token_ids);
     assert_eq!(outs[0].usage, outs[1].usage);
+}
+
+/// A tree through a recursive `$ref` (the leaf a boolean, at most two kids, so a model with
+/// random weights can finish): the regex form could not compile it.
+const TREE: &str = r##"{
+  "type": "object",
+  "properties": {
+    "leaf": {"type": "boolean"},
+    "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}
+  },
+  "required": ["leaf"]
+}"##;
+
+/// A validator for exactly [`TREE`]; the depth of the tree (1: no kids).
+fn tree_depth(v: &Value) -> Result<usize, String> {
+    let o = v.as_object().ok_or("node not an object")?;
+    for k in o.keys() {
+        if k != "leaf" && k != "kids" {
+            return Err(format!("unknown key {k}"));
+        }
+    }
+    o.get("leaf")
+        .and_then(Value::as_bool)
+        .ok_or("leaf missing or not a boolean")?;
+    let Some(kids) = o.get("kids") else {
+        return Ok(1);
+    };
+    let kids = kids.as_array().ok_or("kids not an array")?;
+    if kids.len() > 2 {
+        return Err(format!("{} kids", kids.len()));
+    }
+    let mut depth = 0;
+    for kid in kids {
+        depth = depth.max(tree_depth(kid)?);
+    }
+    Ok(depth + 1)
+}
+
+/// Lexer states of [`compact_object_prefix`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Json {
+    Start,
+    Value,
+    FirstKeyOrClose,
+    Key,
+    Colon,
+    CommaOrClose,
+    FirstValueOrClose,
+    Str {
+        key: bool,
+    },
+    Escape {
+        key: bool,
+    },
+    Hex {
+        key: bool,
+        left: u8,
+    },
+    /// Number: 0 after `-`, 1 after a leading `0`, 2 in the integer, 3 after `.`, 4 in the
+    /// fraction, 5 after `e`, 6 after its sign, 7 in the exponent.
+    Num(u8),
+    Literal(&'static str),
+    Done,
+}
+
+/// Whether `text` can be continued into one compact JSON object (RFC 8259, no whitespace
+/// outside strings), written here independently of the grammar crate: `Ok(complete)`, or the
+/// byte offset of the first character no continuation allows.
+fn compact_object_prefix(text: &str) -> Result<bool, usize> {
+    let mut stack: Vec<char> = Vec::new();
+    let mut state = Json::Start;
+    for (at, c) in text.char_indices() {
+        loop {
+            let after_value = |stack: &Vec<char>| {
+                if stack.is_empty() {
+                    Json::Done
+                } else {
+                    Json::CommaOrClose
+                }
+            };
+            let close = |kind: char, stack: &mut Vec<char>| {
+                if stack.pop() == Some(kind) {
+                    Ok(after_value(stack))
+                } else {
+                    Err(at)
+                }
+            };
+            state = match (state, c) {
+                (Json::Start, '{') | (Json::Value, '{') => {
+                    stack.push('{');
+                    Json::FirstKeyOrClose
+                }
+                (Json::Value, '[') => {
+                    stack.push('[');
+                    Json::FirstValueOrClose
+                }
+                (Json::Value, '"') => Json::Str { key: false },
+                (Json::Value, '-') => Json::Num(0),
+                (Json::Value, '0') => Json::Num(1),
+                (Json::Value, '1'..='9') => Json::Num(2),
+                (Json::Value, 't') => Json::Literal("rue"),
+                (Json::Value, 'f') => Json::Literal("alse"),
+                (Json::Value, 'n') => Json::Literal("ull"),
+                (Json::FirstKeyOrClose, '}') | (Json::CommaOrClose, '}') => close('{', &mut stack)?,
+                (Json::FirstKeyOrClose, '"') | (Json::Key, '"') => Json::Str { key: true },
+                (Json::Colon, ':') => Json::Value,
+                (Json::CommaOrClose, ',') if stack.last() == Some(&'{') => Json::Key,
+                (Json::CommaOrClose, ',') => Json::Value,
+                (Json::CommaOrClose, ']') | (Json::FirstValueOrClose, ']') => {
+                    close('[', &mut stack)?
+                }
+                (Json::FirstValueOrClose, _) => {
+                    state = Json::Value;
+                    continue;
+                }
+                (Json::Str { key }, '"') if key => Json::Colon,
+                (Json::Str { .. }, '"') => after_value(&stack),
+                (Json::Str { key }, '\\') => Json::Escape { key },
+                (Json::Str { .. }, c) if c < ' ' => return Err(at),
+                (Json::Str { key }, _) => Json::Str { key },
+                (Json::Escape { key }, 'u') => Json::Hex { key, left: 4 },
+                (Json::Escape { key }, c) if "\"\\/bfnrt".contains(c) => Json::Str { key },
+                (Json::Hex { key, left }, c) if c.is_ascii_hexdigit() => {
+                    if left == 1 {
+                        Json::Str { key }
+                    } else {
+                        Json::Hex {
+                            key,
+                            left: left - 1,
+                        }
+                    }
+                }
+                (Json::Num(n), c) => match (n, c) {
+                    (0, '0') => Json::Num(1),
+                    (0, '1'..='9') | (2, '0'..='9') => Json::Num(2),
+                    (1 | 2, '.') => Json::Num(3),
+                    (3 | 4, '0'..='9') => Json::Num(4),
+                    (1 | 2 | 4, 'e' | 'E') => Json::Num(5),
+                    (5, '+' | '-') => Json::Num(6),
+                    (5..=7, '0'..='9') => Json::Num(7),
+                    (1 | 2 | 4 | 7, _) => {
+                        state = after_value(&stack);
+                        continue;
+                    }
+                    _ => return Err(at),
+                },
+                (Json::Literal(rest), c) if rest.starts_with(c) => match &rest[1..] {
+                    "" => after_value(&stack),
+                    more => Json::Literal(more),
+                },
+                _ => return Err(at),
+            };
+            break;
+        }
+    }
+    Ok(state == Json::Done || (stack.is_empty() && matches!(state, Json::Num(1 | 2 | 4 | 7))))
+}
+
+#[test]
+fn the_compact_json_prefix_checker_agrees_with_serde() {
+    let complete = [
+        r#"{}"#,
+        r#"{"a":[1,-2.5e+3,{"b":null}],"c":"x \"y\" \u00e9","d":[true,false,[]]}"#,
+    ];
+    for text in complete {
+        assert_eq!(compact_object_prefix(text), Ok(true), "{text}");
+        assert!(serde_json::from_str::<Value>(text).is_ok());
+        for end in 0..text.len() {
+            assert_eq!(
+                compact_object_prefix(&text[..end]),
+                Ok(false),
+                "{}",
+                &text[..end]
+            );
+        }
+    }
+    for bad in [
+        r#"{ }"#,
+        r#"{"a": 1}"#,
+        r#"[1]"#,
+        r#"{"a":01}"#,
+        r#"{"a":1}}"#,
+        r#"{"a":tru}"#,
+        r#"{"a"}"#,
+        r#"{"a":[1,]}"#,
+    ] {
+        assert!(compact_object_prefix(bad).is_err(), "{bad}");
+    }
+}
+
+fn json_body(seed: u64, format: Value) -> Value {
+    json!({
+        "model": "deepinfer",
+        "messages": [{"role": "user", "content": format!("Some JSON please ({seed}).")}],
+        "response_format": format,
+        "max_tokens": 40,
+        "temperature": 1.0,
+        "seed": seed,
+    })
+}
+
+fn tree_format() -> Value {
+    json!({"type": "json_schema", "json_schema": {"name": "tree", "schema": serde_json::from_str::<Value>(TREE).unwrap()}})
+}
+
+/// A recursive `$ref` schema (an error before: the engine compiled JSON to one regex) and
+/// `json_object` (bounded at 3 levels before) run end to end: every output is compact JSON,
+/// complete and valid when the model stopped, a valid prefix when it ran out of tokens.
+#[test]
+fn recursive_schemas_and_json_object_run_and_stay_valid() {
+    let seeds = 0..8u64;
+    let mut bodies: Vec<Value> = seeds.clone().map(|s| json_body(s, tree_format())).collect();
+    bodies.extend((0..3).map(|s| json_body(s, json!({"type": "json_object"}))));
+    let outs = run(&mut engine(EngineConfig::default()), &bodies);
+    let mut finished_trees = 0;
+    let mut deepest = 0;
+    for (i, o) in outs.iter().enumerate() {
+        let o = &o[0];
+        let tree = i < seeds.end as usize;
+        match o.finish_reason {
+            FinishReason::Stop => {
+                assert_eq!(
+                    compact_object_prefix(&o.text),
+                    Ok(true),
+                    "body {i}: {:?}",
+                    o.text
+                );
+                let v: Value = serde_json::from_str(&o.text)
+                    .unwrap_or_else(|err| panic!("body {i}: {err}: {:?}", o.text));
+                assert!(v.is_object());
+                if tree {
+                    let depth =
+                        tree_depth(&v).unwrap_or_else(|err| panic!("body {i}: {err}: {}", o.text));
+                    deepest = deepest.max(depth);
+                    finished_trees += 1;
+                }
+            }
+            FinishReason::Length => {
+                assert_eq!(o.token_ids.len(), 40, "body {i}");
+                assert_eq!(
+                    compact_object_prefix(&o.text),
+                    Ok(false),
+                    "body {i}: {:?}",
+                    o.text
+                );
+            }
+            other => panic!("body {i}: {other:?}: {:?}", o.text),
+        }
+    }
+    assert!(finished_trees > 0, "some tree finishes within 40 tokens");
+    assert!(
+        deepest >= 2,
+        "the recursion is used: a finished tree has kids"
+    );
+}
+
+/// The frontend's JSON grammars nest without bound and are compact by default (whitespace
+/// between tokens only with `compact_json` off); a complete document admits end of sequence
+/// alone, and no token that closes it and runs on.
+#[test]
+fn frontend_json_grammars_nest_deep_and_end_exactly() {
+    let tokenizer = PromptTokenizer::deepseek_v4().unwrap();
+    let eos = tokenizer
+        .special_id(SpecialToken::Eos.deepseek_spelling())
+        .unwrap();
+    let levels = 12;
+    let object = format!("{}1{}", r#"{"a":["#.repeat(levels), "]}".repeat(levels));
+    let tree = format!(
+        r#"{}{{"leaf":true}}{}"#,
+        r#"{"leaf":false,"kids":["#.repeat(levels),
+        "]}".repeat(levels)
+    );
+    assert_eq!(
+        tree_depth(&serde_json::from_str(&tree).unwrap()),
+        Ok(levels + 1)
+    );
+    let grammar = |front: &ChatFrontend, format: Value| {
+        let prep = front
+            .prepare(&json_body(0, format), 0, 7)
+            .expect("body converts");
+        prep.requests[0].grammar.clone().expect("a grammar")
+    };
+    let accepts = |g: &GrammarConstraint, text: &str| {
+        let mut m = g.matcher();
+        let ids = tokenizer.encode_plain(text).unwrap();
+        ids.iter().all(|&id| m.accept(id).is_ok()) && m.is_complete()
+    };
+    let mut spaced = frontend();
+    spaced.compact_json = false;
+    for (format, text) in [
+        (json!({"type": "json_object"}), &object),
+        (tree_format(), &tree),
+    ] {
+        let compact = grammar(&frontend(), format.clone());
+        assert!(accepts(&compact, text), "{text}");
+        let padded = text.replacen(':', ": ", 1);
+        assert!(!accepts(&compact, &padded), "{padded}");
+        let loose = grammar(&spaced, format);
+        assert!(accepts(&loose, &padded), "{padded}");
+        // The end: before the last `}` nothing that closes and runs on; after it only EOS.
+        let mut m = compact.matcher();
+        for id in tokenizer.encode_plain(&text[..text.len() - 1]).unwrap() {
+            m.accept(id).unwrap();
+        }
+        let mut mask = vec![0u32; compact.vocab_size.div_ceil(32)];
+        m.fill_bitmask(&mut mask).unwrap();
+        let bit = |mask: &[u32], id: u32| mask[id as usize / 32] >> (id % 32) & 1 == 1;
+        assert!(!bit(&mask, eos));
+        for token in ["}", "}}", "},", "}]", "}\n"] {
+            let ids = tokenizer.encode_plain(token).unwrap();
+            assert_eq!(ids.len(), 1, "{token:?} is one token");
+            assert_eq!(bit(&mask, ids[0]), token == "}", "{token:?}");
+        }
+        m.accept(tokenizer.encode_plain("}").unwrap()[0]).unwrap();
+        assert!(m.is_complete());
+        m.fill_bitmask(&mut mask).unwrap();
+        let allowed: Vec<u32> = (0..compact.vocab_size as u32)
+            .filter(|&id| bit(&mask, id))
+            .collect();
+        assert_eq!(allowed, vec![eos]);
+    }
 }

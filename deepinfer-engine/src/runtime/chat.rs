@@ -4,7 +4,7 @@
 use super::request::{GenParams, GrammarConstraint, Output, Request, RequestId};
 use crate::config::ModelKind;
 use deepinfer_recipe::grammar::{
-    GrammarCache, GrammarSpec, GrammarVocab, RegexBackend, dsml_tool_calls_regex, schema_regex,
+    GrammarCache, GrammarSpec, GrammarVocab, RegexBackend, dsml_tool_calls_regex,
 };
 use deepinfer_recipe::protocol::chat::ChatRequest;
 use deepinfer_recipe::protocol::{
@@ -17,12 +17,14 @@ use serde_json::{Value, json};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// How the recipe crate's JSON regexes spell optional whitespace (removed for compact JSON).
-const WS_PATTERN: &str = r"[ \t\n\r]*";
-
 /// The id the vendored V4 vocabulary lacks for V4.1's `<｜System｜>`: mapped to a reserved
 /// placeholder id (configuration, not a claim about the real V4.1 vocabulary).
 pub const V41_SYSTEM_FALLBACK_ID: u32 = 128_001;
+
+/// A regex constraint on the whole output, anchored at its end.
+fn regex_spec(pattern: &str) -> GrammarSpec {
+    GrammarSpec::Regex(format!("(?:{pattern})$"))
+}
 
 /// A chat body that cannot run.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -74,10 +76,20 @@ pub struct ChatFrontend {
     pub default_thinking: bool,
     /// Structured JSON outputs without whitespace between tokens (`{"a":1}`), as grammar
     /// engines offer (`any_whitespace = false`): a model, above all one with random weights,
-    /// can otherwise pad JSON with whitespace until its token limit.
+    /// can otherwise pad JSON with whitespace until its token limit. Read per request.
     pub compact_json: bool,
     /// Compiled grammars (built on first use: the grammar vocabulary indexes every token).
-    grammars: Arc<OnceLock<Result<GrammarCache, String>>>,
+    grammars: Arc<OnceLock<Result<Grammars, String>>>,
+}
+
+/// The grammar caches of one frontend, over one vocabulary. A cache holds one backend, and
+/// the backend decides whether JSON may hold whitespace, so compact JSON has its own cache.
+#[derive(Debug)]
+struct Grammars {
+    /// Regexes, tool calls, and JSON with whitespace between tokens.
+    spaced: GrammarCache,
+    /// JSON without whitespace between tokens.
+    compact: GrammarCache,
 }
 
 impl ChatFrontend {
@@ -117,23 +129,50 @@ impl ChatFrontend {
     ) -> Result<GrammarConstraint, ChatError> {
         let eos = self.special(SpecialToken::Eos);
         let dsml = self.special(SpecialToken::Dsml);
-        let cache = self
+        let caches = self
             .grammars
             .get_or_init(|| {
                 let eos = eos.ok_or("the tokenizer has no end-of-sequence token")?;
                 let symbols: Vec<(u32, u8)> = dsml.map(|d| (d, 0)).into_iter().collect();
-                let vocab = GrammarVocab::from_tokenizer(&self.tokenizer, &[eos], &symbols);
-                Ok(GrammarCache::new(
-                    Arc::new(RegexBackend::default()),
-                    Arc::new(vocab),
-                    Duration::from_secs(30),
-                ))
+                let vocab = Arc::new(GrammarVocab::from_tokenizer(
+                    &self.tokenizer,
+                    &[eos],
+                    &symbols,
+                ));
+                let cache = |backend: RegexBackend| {
+                    GrammarCache::new(
+                        Arc::new(backend),
+                        Arc::clone(&vocab),
+                        Duration::from_secs(30),
+                    )
+                };
+                Ok(Grammars {
+                    spaced: cache(RegexBackend::default()),
+                    compact: cache(RegexBackend::default().with_json_whitespace(false)),
+                })
             })
             .as_ref()
             .map_err(|e| ChatError::Grammar(e.clone()))?;
-        let (pattern, trigger) = match constraint {
-            OutputConstraint::Json { schema } => (self.json_pattern(schema.as_ref())?, None),
-            OutputConstraint::Regex(r) => (r.clone(), None),
+        // JSON goes to the recipe's JSON specs: `json_object`, recursive `$ref`s and free-form
+        // values compile to its pushdown matcher and nest without bound (up to its depth cap).
+        // The matchers refuse a token running past a complete document by themselves.
+        let (spec, trigger, cache) = match constraint {
+            OutputConstraint::Json { schema } => {
+                let spec = match schema {
+                    Some(schema) => GrammarSpec::JsonSchema(schema.clone()),
+                    None => GrammarSpec::JsonObject,
+                };
+                let cache = if self.compact_json {
+                    &caches.compact
+                } else {
+                    &caches.spaced
+                };
+                (spec, None, cache)
+            }
+            // `$` (see `regex_spec`): redundant, since the recipe's matchers refuse a token
+            // running past a complete output themselves (its DFA reports a match one byte late
+            // and the matcher accounts for it), but kept so these specs stay as they were.
+            OutputConstraint::Regex(r) => (regex_spec(r), None, &caches.spaced),
             OutputConstraint::ToolCalls { tools, .. } => {
                 let inside = parsing.starts_in_tool_calls;
                 let trigger = if inside {
@@ -145,12 +184,9 @@ impl ChatFrontend {
                 };
                 let p = dsml_tool_calls_regex(self.format, tools, inside)
                     .map_err(|e| ChatError::Grammar(e.to_string()))?;
-                (p, trigger)
+                (regex_spec(&p), trigger, &caches.spaced)
             }
         };
-        // `$`: the DFA reports a match one byte late, so without the end anchor a token
-        // running one byte past a complete output would still be allowed.
-        let spec = GrammarSpec::Regex(format!("(?:{pattern})$"));
         let arm_after = match parsing.thinking {
             Some(ThinkingStart::ReasoningStart | ThinkingStart::ReasoningContinuation) => {
                 Some(self.special(SpecialToken::ThinkingEnd).ok_or_else(|| {
@@ -167,18 +203,6 @@ impl ChatFrontend {
             arm_after,
             trigger,
             vocab_size: self.tokenizer.vocab_size(),
-        })
-    }
-
-    /// The regex of a JSON output (any object, or a schema), compact when asked.
-    fn json_pattern(&self, schema: Option<&Value>) -> Result<String, ChatError> {
-        let object = json!({"type": "object"});
-        let pattern = schema_regex(schema.unwrap_or(&object))
-            .map_err(|e| ChatError::Grammar(e.to_string()))?;
-        Ok(if self.compact_json {
-            pattern.replace(WS_PATTERN, "")
-        } else {
-            pattern
         })
     }
 
