@@ -83,29 +83,10 @@ fn check_dir(dir: &str, r: &mut Report) {
         // Decode: the greedy continuation token by token.
         let greedy = g[&format!("{p}.greedy_ids")].ids();
         let gl = &g[&format!("{p}.greedy_logits")];
-        let mut st = gpu.new_state();
-        let mut items = [BatchItem {
-            state: &mut st,
-            tokens: ids,
-        }];
-        let mut last = gpu
-            .forward(&mut items, Logits::Last, None)
-            .expect("forward")
-            .remove(0);
-        let (mut worst, mut produced) = (0.0f64, Vec::new());
-        for step in 0..greedy.len() {
-            worst = worst.max(max_diff(&last, gl.row(step)));
-            let tok = argmax(&last) as u32;
-            produced.push(tok);
-            let mut items = [BatchItem {
-                state: &mut st,
-                tokens: &[tok],
-            }];
-            last = gpu
-                .forward(&mut items, Logits::Last, None)
-                .expect("forward")
-                .remove(0);
-        }
+        let (produced, logits) = greedy_decode(&gpu, ids, greedy.len());
+        let worst = (logits.iter().enumerate())
+            .map(|(step, last)| max_diff(last, gl.row(step)))
+            .fold(0.0f64, f64::max);
         r.check(
             format!(
                 "{dir} {p} decode {} steps: max|gpu-golden| {worst:.3e}, greedy {}",

@@ -52,24 +52,11 @@ fn check_decode(dir: &str) {
     for (p, ids) in prompts(&g) {
         let greedy = g[&format!("{p}.greedy_ids")].ids();
         let gl = &g[&format!("{p}.greedy_logits")];
-        let mut st = m.new_state();
-        let mut items = [BatchItem {
-            state: &mut st,
-            tokens: &ids,
-        }];
-        let mut last = m.forward(&mut items, Logits::Last, None).unwrap().remove(0);
+        let (produced, logits) = greedy_decode(&m, &ids, greedy.len());
         let mut worst = 0.0f64;
-        let mut produced = Vec::new();
-        for step in 0..greedy.len() {
-            worst = worst.max(max_diff(&last, gl.row(step)));
-            let tok = argmax(&last) as u32;
-            produced.push(tok);
-            let mut items = [BatchItem {
-                state: &mut st,
-                tokens: &[tok],
-            }];
-            last = m.forward(&mut items, Logits::Last, None).unwrap().remove(0);
+        for (step, last) in logits.iter().enumerate() {
             assert_eq!(last.len(), v);
+            worst = worst.max(max_diff(last, gl.row(step)));
         }
         eprintln!("{dir} {p} decode max|diff| = {worst:.3e}");
         assert_eq!(produced, greedy, "{dir} {p}: greedy continuation differs");

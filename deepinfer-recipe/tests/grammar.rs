@@ -2,6 +2,7 @@
 //! triggers, cache and errors.
 
 mod common;
+use common::{allowed, grammar_vocab as vocab};
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -11,30 +12,6 @@ use deepinfer_recipe::grammar::{
     Triggered,
 };
 use deepinfer_recipe::{PromptFormat, SpecialToken, ToolDefinition};
-
-fn vocab() -> Arc<GrammarVocab> {
-    static VOCAB: OnceLock<Arc<GrammarVocab>> = OnceLock::new();
-    VOCAB
-        .get_or_init(|| {
-            let tokenizer = common::tokenizer();
-            let eos = tokenizer
-                .special_id(SpecialToken::Eos.deepseek_spelling())
-                .unwrap();
-            let dsml = tokenizer
-                .special_id(SpecialToken::Dsml.deepseek_spelling())
-                .unwrap();
-            Arc::new(GrammarVocab::from_tokenizer(
-                &tokenizer,
-                &[eos],
-                &[(dsml, 0)],
-            ))
-        })
-        .clone()
-}
-
-fn allowed(mask: &[u32], id: u32) -> bool {
-    mask[id as usize / 32] & (1 << (id % 32)) != 0
-}
 
 /// Greedily drive `matcher` along the plain encoding of `text`.
 fn drive(matcher: &mut dyn Matcher, ids: &[u32]) -> Result<(), GrammarError> {

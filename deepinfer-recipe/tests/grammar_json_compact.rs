@@ -6,48 +6,15 @@
 //! must still refuse such a token), with and without whitespace.
 
 mod common;
+use common::{allowed, eos, grammar_vocab as vocab, mask_of};
 
 use std::sync::{Arc, OnceLock};
 
-use deepinfer_recipe::SpecialToken;
 use deepinfer_recipe::grammar::{
-    CompiledGrammar, GrammarBackend, GrammarError, GrammarSpec, GrammarVocab, Matcher, RegexBackend,
+    CompiledGrammar, GrammarBackend, GrammarError, GrammarSpec, RegexBackend,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
-
-fn vocab() -> Arc<GrammarVocab> {
-    static VOCAB: OnceLock<Arc<GrammarVocab>> = OnceLock::new();
-    VOCAB
-        .get_or_init(|| {
-            let tokenizer = common::tokenizer();
-            let dsml = tokenizer
-                .special_id(SpecialToken::Dsml.deepseek_spelling())
-                .unwrap();
-            Arc::new(GrammarVocab::from_tokenizer(
-                &tokenizer,
-                &[eos()],
-                &[(dsml, 0)],
-            ))
-        })
-        .clone()
-}
-
-fn eos() -> u32 {
-    common::tokenizer()
-        .special_id(SpecialToken::Eos.deepseek_spelling())
-        .unwrap()
-}
-
-fn allowed(mask: &[u32], id: u32) -> bool {
-    mask[id as usize / 32] & (1 << (id % 32)) != 0
-}
-
-fn mask_of(matcher: &mut dyn Matcher) -> Vec<u32> {
-    let mut mask = vec![0u32; vocab().mask_words()];
-    matcher.fill_bitmask(&mut mask).unwrap();
-    mask
-}
 
 fn token_bytes(id: u32) -> &'static [u8] {
     static TABLE: OnceLock<Vec<Vec<u8>>> = OnceLock::new();

@@ -4,11 +4,11 @@
 //! here by hand from the same specifications (not from the crate's regexes).
 
 mod common;
+use common::{allowed, eos, grammar_vocab as vocab, mask_of};
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use deepinfer_recipe::SpecialToken;
 use deepinfer_recipe::grammar::{
     CompiledGrammar, CompiledPushdown, CompiledRegex, GrammarBackend, GrammarError, GrammarSpec,
     GrammarVocab, Matcher, PushdownMatcher, RegexBackend, RegexMatcher, Rules, schema_regex,
@@ -441,40 +441,6 @@ fn reference_recognizer_sanity() {
 
 // ---------------------------------------------------------------------------
 // Matcher helpers
-
-fn vocab() -> Arc<GrammarVocab> {
-    static VOCAB: OnceLock<Arc<GrammarVocab>> = OnceLock::new();
-    VOCAB
-        .get_or_init(|| {
-            let tokenizer = common::tokenizer();
-            let eos = eos();
-            let dsml = tokenizer
-                .special_id(SpecialToken::Dsml.deepseek_spelling())
-                .unwrap();
-            Arc::new(GrammarVocab::from_tokenizer(
-                &tokenizer,
-                &[eos],
-                &[(dsml, 0)],
-            ))
-        })
-        .clone()
-}
-
-fn eos() -> u32 {
-    common::tokenizer()
-        .special_id(SpecialToken::Eos.deepseek_spelling())
-        .unwrap()
-}
-
-fn allowed(mask: &[u32], id: u32) -> bool {
-    mask[id as usize / 32] & (1 << (id % 32)) != 0
-}
-
-fn mask_of(matcher: &mut dyn Matcher) -> Vec<u32> {
-    let mut mask = vec![0u32; vocab().mask_words()];
-    matcher.fill_bitmask(&mut mask).unwrap();
-    mask
-}
 
 /// Drive `matcher` along `ids`, checking each against the mask first.
 fn drive(matcher: &mut dyn Matcher, ids: &[u32]) -> Result<(), GrammarError> {

@@ -7,6 +7,7 @@
 #![cfg(feature = "xgrammar")]
 
 mod common;
+use common::{allowed, eos, grammar_vocab as vocab};
 
 use std::sync::{Arc, OnceLock};
 
@@ -14,41 +15,11 @@ use deepinfer_recipe::grammar::{
     CompiledGrammar, GrammarBackend, GrammarError, GrammarSpec, GrammarVocab, RegexBackend,
     XGrammarBackend, to_xgrammar_ebnf,
 };
-use deepinfer_recipe::{PromptFormat, SpecialToken, ToolDefinition};
-
-fn vocab() -> Arc<GrammarVocab> {
-    static VOCAB: OnceLock<Arc<GrammarVocab>> = OnceLock::new();
-    VOCAB
-        .get_or_init(|| {
-            let tokenizer = common::tokenizer();
-            let eos = tokenizer
-                .special_id(SpecialToken::Eos.deepseek_spelling())
-                .unwrap();
-            let dsml = tokenizer
-                .special_id(SpecialToken::Dsml.deepseek_spelling())
-                .unwrap();
-            Arc::new(GrammarVocab::from_tokenizer(
-                &tokenizer,
-                &[eos],
-                &[(dsml, 0)],
-            ))
-        })
-        .clone()
-}
+use deepinfer_recipe::{PromptFormat, ToolDefinition};
 
 fn xgrammar() -> &'static XGrammarBackend {
     static BACKEND: OnceLock<XGrammarBackend> = OnceLock::new();
     BACKEND.get_or_init(|| XGrammarBackend::new(2))
-}
-
-fn eos() -> u32 {
-    common::tokenizer()
-        .special_id(SpecialToken::Eos.deepseek_spelling())
-        .unwrap()
-}
-
-fn allowed(mask: &[u32], id: u32) -> bool {
-    mask[id as usize / 32] & (1 << (id % 32)) != 0
 }
 
 fn bytes(id: u32) -> Vec<u8> {

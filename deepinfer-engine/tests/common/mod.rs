@@ -107,3 +107,31 @@ pub fn argmax(v: &[f32]) -> usize {
     }
     b
 }
+
+/// Prefill `ids`, then decode `steps` tokens greedily one forward at a time. Returns the
+/// tokens produced and the logits each was chosen from (`steps` rows).
+pub fn greedy_decode<B: Backend>(
+    m: &Model<B>,
+    ids: &[u32],
+    steps: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut st = m.new_state();
+    let mut forward = |tokens: &[u32]| {
+        let mut items = [BatchItem {
+            state: &mut st,
+            tokens,
+        }];
+        m.forward(&mut items, Logits::Last, None)
+            .expect("forward")
+            .remove(0)
+    };
+    let mut last = forward(ids);
+    let (mut produced, mut logits) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        let tok = argmax(&last) as u32;
+        produced.push(tok);
+        let next = forward(&[tok]);
+        logits.push(std::mem::replace(&mut last, next));
+    }
+    (produced, logits)
+}
