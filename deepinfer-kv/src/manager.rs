@@ -672,10 +672,17 @@ impl BlockManager {
         if s.committed != s.len {
             return Err(KvError::DraftsPending(h.id));
         }
-        let need = div_ceil(s.len + tokens.len(), bs).saturating_sub(s.blocks.len());
-        if need > 0 {
-            // All or nothing: allocate_n checks availability before taking any block.
-            self.pool.allocate_n(need, &mut s.blocks)?;
+        let end = s.len + tokens.len();
+        // Most calls stay inside the blocks held: a multiply decides it, no division.
+        if end > s.blocks.len() * bs {
+            let need = div_ceil(end, bs) - s.blocks.len();
+            if need == 1 {
+                // The usual case (a block's worth of tokens at most): one block, no reserve.
+                s.blocks.push(self.pool.allocate()?);
+            } else {
+                // All or nothing: allocate_n checks availability before taking any block.
+                self.pool.allocate_n(need, &mut s.blocks)?;
+            }
         }
         s.push_tokens(tokens);
         s.committed = s.len;
@@ -910,8 +917,12 @@ impl BlockManager {
                 self.pool.prefetch_block(b);
             }
         }
+        // Every item was checked above and nothing has changed since: mark without checking again.
         for (i, &(h, n)) in items.iter().enumerate() {
-            self.mark_computed_inner(h, n, tokens(i))?;
+            if let Some(Some(s)) = self.seqs.get_mut(h.index as usize) {
+                s.computed = s.computed.max(n);
+                register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s, tokens(i));
+            }
         }
         Ok(())
     }
@@ -1066,6 +1077,7 @@ impl BlockManager {
 /// Offers every full block of `s` that is committed and computed to the prefix cache. The token
 /// ids come from `s` when it keeps them, else from `caller` (the caller's committed tokens; only
 /// the full blocks they cover are offered, and none without them: those wait for a later call).
+#[inline]
 fn register_blocks(
     pool: &mut BlockPool,
     hasher: &mut BlockHasher,
@@ -1085,7 +1097,8 @@ fn register_blocks(
             None => return,
         }
     };
-    let limit = (s.committed.min(s.computed) / bs).min(toks.len() / bs);
+    // (Floor division is monotone: one division instead of two.)
+    let limit = s.committed.min(s.computed).min(toks.len()) / bs;
     if limit <= s.registered {
         return;
     }

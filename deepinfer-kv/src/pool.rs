@@ -305,30 +305,24 @@ impl BlockPool {
         self.sweep_if_stale(cached);
     }
 
-    /// The first live block of a queue, stale entries before it dropped.
-    fn front(&mut self, cached: bool) -> u32 {
-        loop {
-            let Some(&e) = self.queue(cached).entries.front() else {
-                return NIL;
-            };
-            if self.live(e, cached) {
-                return e.0;
-            }
-            self.queue(cached).entries.pop_front();
-            self.ahead = self.ahead.saturating_sub(1);
-        }
-    }
-
-    /// Takes the first live block of a queue off it (`NIL` if none).
+    /// Takes the first live block of a queue off it (`NIL` if none), dropping the stale entries
+    /// before it: one pass that pops each entry once.
+    #[inline]
     fn pop_front(&mut self, cached: bool) -> u32 {
-        let b = self.front(cached);
-        if b != NIL {
-            let q = self.queue(cached);
-            q.entries.pop_front();
-            q.len -= 1;
+        let q = if cached {
+            &mut self.cached_free
+        } else {
+            &mut self.empty
+        };
+        while let Some((b, stamp)) = q.entries.pop_front() {
             self.ahead = self.ahead.saturating_sub(1);
+            let m = &self.meta[b as usize];
+            if m.ref_count == 0 && m.cached == cached && m.stamp == stamp {
+                q.len -= 1;
+                return b;
+            }
         }
-        b
+        NIL
     }
 
     fn drop_hash(&mut self, b: u32) {
