@@ -1692,10 +1692,15 @@ impl Scheduler {
         for &(h, _) in &self.computed_batch {
             self.kv.prefetch(h, false);
         }
+        // Every item is synced; the first error is kept (set only on an error, so the
+        // common path does not copy a `Result` per item).
         let mut synced = Ok(());
         for &slot in &self.computed_slots {
-            if let Some(r) = self.slots.get_mut(slot as usize) {
-                synced = synced.and(sync_kv(&mut self.kv, r));
+            if let Some(r) = self.slots.get_mut(slot as usize)
+                && let Err(e) = sync_kv(&mut self.kv, r)
+                && synced.is_ok()
+            {
+                synced = Err(e);
             }
         }
         let (slots, which) = (&self.slots, &self.computed_slots);
