@@ -118,26 +118,52 @@ impl BlockHasher {
         block_start: usize,
         keys: &ExtraKeys,
     ) -> BlockHash {
-        if self.algo == HashAlgo::Xxh3_128 && keys.is_empty() {
-            // The common case (text only): the same bytes as below, with the header built on
-            // the stack instead of in the scratch vector.
-            let th = xxh3_128_with_seed(token_bytes_le(tokens, &mut self.le), self.seed);
-            let mut head = [0u8; 41];
-            let n = match parent {
-                None => {
-                    head[0] = TAG_ROOT;
-                    1
-                }
-                Some(p) => {
-                    head[0] = TAG_PARENT;
-                    head[1..17].copy_from_slice(&p.0.to_le_bytes());
-                    17
-                }
-            };
-            head[n..n + 8].copy_from_slice(&(tokens.len() as u64).to_le_bytes());
-            head[n + 8..n + 24].copy_from_slice(&th.to_le_bytes());
-            return BlockHash(xxh3_128_with_seed(&head[..n + 24], self.seed));
+        if self.text_fast_path(keys) {
+            return self.hash_text_block(parent, tokens);
         }
+        self.hash_block_general(parent, tokens, block_start, keys)
+    }
+
+    /// True when blocks with `keys` take [`BlockHasher::hash_text_block`] (XXH3, no extra keys):
+    /// callers hashing many blocks of one sequence decide it once.
+    #[inline]
+    pub(crate) fn text_fast_path(&self, keys: &ExtraKeys) -> bool {
+        self.algo == HashAlgo::Xxh3_128 && keys.is_empty()
+    }
+
+    /// [`BlockHasher::hash_block`] for the common case (XXH3, no extra keys): the same bytes as
+    /// the general path, with the header built on the stack instead of in the scratch vector.
+    #[inline(never)]
+    pub(crate) fn hash_text_block(
+        &mut self,
+        parent: Option<BlockHash>,
+        tokens: &[u32],
+    ) -> BlockHash {
+        let th = xxh3_128_with_seed(token_bytes_le(tokens, &mut self.le), self.seed);
+        let mut head = [0u8; 41];
+        let n = match parent {
+            None => {
+                head[0] = TAG_ROOT;
+                1
+            }
+            Some(p) => {
+                head[0] = TAG_PARENT;
+                head[1..17].copy_from_slice(&p.0.to_le_bytes());
+                17
+            }
+        };
+        head[n..n + 8].copy_from_slice(&(tokens.len() as u64).to_le_bytes());
+        head[n + 8..n + 24].copy_from_slice(&th.to_le_bytes());
+        BlockHash(xxh3_128_with_seed(&head[..n + 24], self.seed))
+    }
+
+    fn hash_block_general(
+        &mut self,
+        parent: Option<BlockHash>,
+        tokens: &[u32],
+        block_start: usize,
+        keys: &ExtraKeys,
+    ) -> BlockHash {
         let buf = &mut self.buf;
         buf.clear();
         match parent {

@@ -1102,10 +1102,17 @@ fn register_blocks(
     if limit <= s.registered {
         return;
     }
+    // Decided once per sequence, not per block.
+    let text = hasher.text_fast_path(&s.keys);
     while s.hashes.len() < limit {
         let i = s.hashes.len();
         let parent = s.hashes.last().copied();
-        let h = hasher.hash_block(parent, &toks[i * bs..(i + 1) * bs], i * bs, &s.keys);
+        let block = &toks[i * bs..(i + 1) * bs];
+        let h = if text {
+            hasher.hash_text_block(parent, block)
+        } else {
+            hasher.hash_block(parent, block, i * bs, &s.keys)
+        };
         s.hashes.push(h);
     }
     for i in s.registered..limit {
