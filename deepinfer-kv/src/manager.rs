@@ -1104,6 +1104,21 @@ fn register_blocks(
     }
     // Decided once per sequence, not per block.
     let text = hasher.text_fast_path(&s.keys);
+    if limit == s.registered + 1 && s.hashes.len() == s.registered {
+        // The usual case (a decode step filled one block): hash it and offer it in one go.
+        let i = s.registered;
+        let parent = s.hashes.last().copied();
+        let block = &toks[i * bs..(i + 1) * bs];
+        let h = if text {
+            hasher.hash_text_block(parent, block)
+        } else {
+            hasher.hash_block(parent, block, i * bs, &s.keys)
+        };
+        s.hashes.push(h);
+        pool.register(s.blocks[i], h, parent, block);
+        s.registered = limit;
+        return;
+    }
     while s.hashes.len() < limit {
         let i = s.hashes.len();
         let parent = s.hashes.last().copied();
