@@ -16,7 +16,7 @@ use crate::error::{KvError, Result};
 use crate::events::{CacheStats, KvEvent};
 use crate::hash::{BlockHash, BlockHasher, ExtraKeys, HashAlgo};
 use crate::hit_rule::{HitPlan, HitRule};
-use crate::pool::{BlockId, BlockPool, PoolUsage};
+use crate::pool::{BlockId, BlockPool, NIL, PoolUsage};
 use crate::prefetch::prefetch_line;
 
 /// Where one token's KV is written: block id and offset inside the block.
@@ -678,7 +678,14 @@ impl BlockManager {
             let need = div_ceil(end, bs) - s.blocks.len();
             if need == 1 {
                 // The usual case (a block's worth of tokens at most): one block, no reserve.
-                s.blocks.push(self.pool.allocate()?);
+                let b = self.pool.allocate_one();
+                if b == NIL {
+                    return Err(KvError::OutOfBlocks {
+                        needed: 1,
+                        available: 0,
+                    });
+                }
+                s.blocks.push(b);
             } else {
                 // All or nothing: allocate_n checks availability before taking any block.
                 self.pool.allocate_n(need, &mut s.blocks)?;

@@ -20,7 +20,7 @@ use crate::prefetch::prefetch_line;
 /// Index of a block in the pool (what the engine's block tables hold).
 pub type BlockId = u32;
 
-const NIL: u32 = u32::MAX;
+pub(crate) const NIL: u32 = u32::MAX;
 
 /// Keys are already uniformly distributed 128-bit hashes; folding them is enough.
 #[derive(Default, Clone, Copy)]
@@ -342,6 +342,19 @@ impl BlockPool {
     /// Hands out one block with ref count 1: an empty one if any, else the least recently
     /// freed cached block (whose hash is evicted now).
     pub fn allocate(&mut self) -> Result<BlockId> {
+        match self.allocate_one() {
+            NIL => Err(KvError::OutOfBlocks {
+                needed: 1,
+                available: 0,
+            }),
+            b => Ok(b),
+        }
+    }
+
+    /// [`BlockPool::allocate`] returning `NIL` when no block is free (no `Result` to pass back:
+    /// for the manager's one-block appends).
+    #[inline]
+    pub(crate) fn allocate_one(&mut self) -> BlockId {
         let b = if self.empty.len != 0 {
             self.pop_front(false)
         } else if self.cached_free.len != 0 {
@@ -350,10 +363,7 @@ impl BlockPool {
             self.evictions += 1;
             b
         } else {
-            return Err(KvError::OutOfBlocks {
-                needed: 1,
-                available: 0,
-            });
+            return NIL;
         };
         self.meta[b as usize].ref_count = 1;
         // The next allocation takes the new front of a free queue: ask for its lines now, so
@@ -367,7 +377,7 @@ impl BlockPool {
             prefetch_line(self.meta.as_ptr().wrapping_add(next as usize));
             prefetch_line(self.keys.as_ptr().wrapping_add(next as usize));
         }
-        Ok(b)
+        b
     }
 
     /// Hint: asks the CPU for the lines of one more block further down the free queue the next
