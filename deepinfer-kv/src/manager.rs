@@ -1111,30 +1111,29 @@ fn register_blocks(
     }
     // Decided once per sequence, not per block.
     let text = hasher.text_fast_path(&s.keys);
+    let keys = &s.keys;
+    // Hash of block `i` given its parent's.
+    let hash = |hasher: &mut BlockHasher, parent: Option<BlockHash>, i: usize| {
+        let block = &toks[i * bs..(i + 1) * bs];
+        if text {
+            hasher.hash_text_block(parent, block)
+        } else {
+            hasher.hash_block(parent, block, i * bs, keys)
+        }
+    };
     if limit == s.registered + 1 && s.hashes.len() == s.registered {
         // The usual case (a decode step filled one block): hash it and offer it in one go.
         let i = s.registered;
         let parent = s.hashes.last().copied();
-        let block = &toks[i * bs..(i + 1) * bs];
-        let h = if text {
-            hasher.hash_text_block(parent, block)
-        } else {
-            hasher.hash_block(parent, block, i * bs, &s.keys)
-        };
+        let h = hash(hasher, parent, i);
         s.hashes.push(h);
-        pool.register(s.blocks[i], h, parent, block);
+        pool.register(s.blocks[i], h, parent, &toks[i * bs..(i + 1) * bs]);
         s.registered = limit;
         return;
     }
     while s.hashes.len() < limit {
         let i = s.hashes.len();
-        let parent = s.hashes.last().copied();
-        let block = &toks[i * bs..(i + 1) * bs];
-        let h = if text {
-            hasher.hash_text_block(parent, block)
-        } else {
-            hasher.hash_block(parent, block, i * bs, &s.keys)
-        };
+        let h = hash(hasher, s.hashes.last().copied(), i);
         s.hashes.push(h);
     }
     for i in s.registered..limit {
