@@ -494,17 +494,9 @@ pub fn dsml_tool_calls_regex(
     for tool in tools {
         let name = escape_literal(&Value::String(tool.name.clone()));
         let name = &name[1..name.len() - 1];
-        let strict = tool.strict == Some(true);
         // Strict tools: every parameter once, in declared order (see `strict`).
-        let normalized = if strict {
-            Some(
-                super::strict::strict_schema(&tool.parameters).map_err(|error| {
-                    GrammarError::Unsupported(format!("tool `{}`: {error}", tool.name))
-                })?,
-            )
-        } else {
-            None
-        };
+        let normalized = super::strict::strict_tool_parameters(tool)?;
+        let strict = normalized.is_some();
         let properties = normalized
             .as_ref()
             .unwrap_or(&tool.parameters)

@@ -50,6 +50,19 @@ fn error(path: &str, what: impl std::fmt::Display) -> GrammarError {
     GrammarError::Unsupported(format!("strict schema at `{path}`: {what}"))
 }
 
+/// A tool's parameter schema in strict normal form when the tool is strict
+/// (`strict: true`), else `None` (its parameters are not constrained).
+pub(crate) fn strict_tool_parameters(
+    tool: &crate::ToolDefinition,
+) -> Result<Option<Value>, GrammarError> {
+    if tool.strict != Some(true) {
+        return Ok(None);
+    }
+    strict_schema(&tool.parameters)
+        .map(Some)
+        .map_err(|error| GrammarError::Unsupported(format!("tool `{}`: {error}", tool.name)))
+}
+
 /// The strict normal form of a tool's parameter schema (an object schema).
 pub fn strict_schema(schema: &Value) -> Result<Value, GrammarError> {
     let kind = schema.get("type").and_then(Value::as_str);

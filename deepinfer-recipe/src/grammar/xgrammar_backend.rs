@@ -592,16 +592,8 @@ fn tool_calls_lark(
     for (index, tool) in tools.iter().enumerate() {
         let name = Value::String(tool.name.clone()).to_string();
         let name = &name[1..name.len() - 1];
-        let strict = tool.strict == Some(true);
-        let normalized = if strict {
-            Some(
-                super::strict::strict_schema(&tool.parameters).map_err(|error| {
-                    GrammarError::Unsupported(format!("tool `{}`: {error}", tool.name))
-                })?,
-            )
-        } else {
-            None
-        };
+        let normalized = super::strict::strict_tool_parameters(tool)?;
+        let strict = normalized.is_some();
         let properties = normalized
             .as_ref()
             .unwrap_or(&tool.parameters)
