@@ -273,6 +273,23 @@ fn ws_between(compact: bool) -> G {
     if compact { G::Lit("") } else { json_ws() }
 }
 
+/// `open item (, item)* close` or `open close`, with [`ws_between`] around
+/// the brackets and commas.
+fn delimited(open: &'static str, item: G, close: &'static str, compact: bool) -> G {
+    let ws = || ws_between(compact);
+    let comma = seq(vec![ws(), G::Lit(","), ws()]);
+    seq(vec![
+        G::Lit(open),
+        ws(),
+        alt(vec![
+            G::Lit(""),
+            seq(vec![item.clone(), star(seq(vec![comma, item]))]),
+        ]),
+        ws(),
+        G::Lit(close),
+    ])
+}
+
 fn json_string() -> G {
     let hex = || G::Char(|c| c.is_ascii_hexdigit(), "09afAF");
     seq(vec![
@@ -329,7 +346,6 @@ fn json_number() -> G {
 /// value, rule 2 an object. `compact`: no whitespace outside strings.
 fn json_reference(compact: bool) -> Reference {
     let json_ws = || ws_between(compact);
-    let comma = || seq(vec![json_ws(), G::Lit(","), json_ws()]);
     let member = || {
         seq(vec![
             json_string(),
@@ -348,27 +364,9 @@ fn json_reference(compact: bool) -> Reference {
             G::Lit("false"),
             G::Lit("null"),
             G::Rule(2),
-            seq(vec![
-                G::Lit("["),
-                json_ws(),
-                alt(vec![
-                    G::Lit(""),
-                    seq(vec![G::Rule(1), star(seq(vec![comma(), G::Rule(1)]))]),
-                ]),
-                json_ws(),
-                G::Lit("]"),
-            ]),
+            delimited("[", G::Rule(1), "]", compact),
         ]),
-        seq(vec![
-            G::Lit("{"),
-            json_ws(),
-            alt(vec![
-                G::Lit(""),
-                seq(vec![member(), star(seq(vec![comma(), member()]))]),
-            ]),
-            json_ws(),
-            G::Lit("}"),
-        ]),
+        delimited("{", member(), "}", compact),
     ])
 }
 
@@ -403,14 +401,7 @@ fn tree_reference(compact: bool) -> Reference {
                     comma(),
                     G::Lit("\"children\""),
                     colon(),
-                    G::Lit("["),
-                    json_ws(),
-                    alt(vec![
-                        G::Lit(""),
-                        seq(vec![G::Rule(1), star(seq(vec![comma(), G::Rule(1)]))]),
-                    ]),
-                    json_ws(),
-                    G::Lit("]"),
+                    delimited("[", G::Rule(1), "]", compact),
                 ]),
             ]),
             json_ws(),
