@@ -28,7 +28,9 @@ mod slab;
 mod steady_rows;
 use retire::remove_finished;
 use slab::{Loc, slab_mut};
-use steady_rows::{dense_steady_rows, prefetch_record, queue_full_block, steady_decode_rows};
+use steady_rows::{
+    dense_steady_rows, prefetch_cold_line, prefetch_record, queue_full_block, steady_decode_rows,
+};
 
 use crate::request::{
     DecodeRow, FinishReason, Finished, NewRequest, PlanFix, PrefillChunk, RequestId, RowOutput,
@@ -388,8 +390,11 @@ pub struct Scheduler {
     /// of its place in `running` (see `remove_finished`), and their places.
     finished: Vec<(u32, u32)>,
     finished_pos: Vec<usize>,
-    /// Blocks filled during an update walk, reported in one batch, and the
-    /// running slots of their requests.
+    /// Blocks filled during an update walk, as the running slot of their
+    /// request and its committed length (the walk reads no KV handle: it is
+    /// on the record's cold line), reported in one batch after the walk.
+    computed_pending: Vec<(u32, usize)>,
+    /// The batch handed to the block manager, and its items' running slots.
     computed_batch: Vec<(SeqHandle, usize)>,
     computed_slots: Vec<u32>,
     /// Running slots whose steady decode row starts a block this step (the
@@ -526,6 +531,7 @@ impl Scheduler {
             running: Vec::new(),
             finished: Vec::new(),
             finished_pos: Vec::new(),
+            computed_pending: Vec::new(),
             computed_batch: Vec::new(),
             computed_slots: Vec::new(),
             grow_slots: Vec::new(),
@@ -1448,8 +1454,7 @@ impl Scheduler {
         let mut res = UpdateResult::default();
         let mut cur = OutCursor::default();
         // Left over only if an earlier update failed half way.
-        self.computed_batch.clear();
-        self.computed_slots.clear();
+        self.computed_pending.clear();
         let mut any_finished = false;
         for fr in flight.prefill.iter().filter(|f| !f.cancelled) {
             let (o, toks, confs) = cur.next(out);
@@ -1469,8 +1474,7 @@ impl Scheduler {
                     bs,
                     j,
                     ti,
-                    &mut self.computed_batch,
-                    &mut self.computed_slots,
+                    &mut self.computed_pending,
                 );
                 let Some(fr) = flight.rows.get(j) else { break };
                 // (The row's index: where its request probably is in `running`.)
@@ -1495,13 +1499,7 @@ impl Scheduler {
                     r.sampling_rows -= 1;
                     if r.kv_len >= r.next_full {
                         // Reported in one batch after the walk (see `flush_computed`).
-                        queue_full_block(
-                            r,
-                            fr.slot,
-                            bs,
-                            &mut self.computed_batch,
-                            &mut self.computed_slots,
-                        );
+                        queue_full_block(r, fr.slot, bs, &mut self.computed_pending);
                     }
                     r.tokens.push(t);
                     let reason = if r.has_stops && r.stop_tokens.contains(&t) {
@@ -1682,9 +1680,23 @@ impl Scheduler {
     /// cache misses overlap. Runs before anything frees a sequence, so every
     /// handle in the batch is live.
     fn flush_computed(&mut self) -> Result<(), SchedError> {
-        if self.computed_batch.is_empty() {
+        if self.computed_pending.is_empty() {
             return Ok(());
         }
+        // The KV handles, from the records' cold lines (all asked for first,
+        // so their cache misses overlap).
+        for &(slot, _) in &self.computed_pending {
+            prefetch_cold_line(&self.slots, slot);
+        }
+        self.computed_batch.clear();
+        self.computed_slots.clear();
+        for &(slot, n) in &self.computed_pending {
+            if let Some(h) = self.slots.get(slot as usize).and_then(|r| r.kv) {
+                self.computed_batch.push((h, n));
+                self.computed_slots.push(slot);
+            }
+        }
+        self.computed_pending.clear();
         // Hand each filled block's tokens to the manager first (entries asked
         // for ahead, so their cache misses overlap).
         // (No pass for the token tails: the manager keeps none of the
@@ -1927,6 +1939,11 @@ mod layout_tests {
             offset_of!(Req, inflight),
         ] {
             assert!(off < 64);
+        }
+        // What `flush_computed` and `sync_kv` read of a queued block's record
+        // is on the second line (`prefetch_cold_line`).
+        for off in [offset_of!(Req, kv), offset_of!(Req, kv_synced)] {
+            assert!((64..128).contains(&off), "cold field at {off}");
         }
         // The slab's `Option` costs no space (its tag sits in a niche).
         assert_eq!(size_of::<Option<Req>>(), size_of::<Req>());

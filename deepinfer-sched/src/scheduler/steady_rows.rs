@@ -6,7 +6,7 @@
 //! after the walk); anything else (drafts, stops, confidences, cancelled or
 //! provisional rows) ends the run and goes through the general paths.
 
-use deepinfer_kv::{BlockManager, SeqHandle};
+use deepinfer_kv::BlockManager;
 
 use super::{DecodeFlight, Req, next_block_end};
 use crate::request::DecodeRow;
@@ -29,6 +29,19 @@ fn prefetch_line<T>(p: *const T) {
 #[inline(always)]
 pub(super) fn prefetch_record(slots: &[Req], slot: u32) {
     prefetch_line(slots.as_ptr().wrapping_add(slot as usize));
+}
+
+/// Ask for the cold line of the record in `slot` (the KV handle and the
+/// counters `sync_kv` reads), for batches that read it after a walk.
+#[inline(always)]
+pub(super) fn prefetch_cold_line(slots: &[Req], slot: u32) {
+    prefetch_line(
+        slots
+            .as_ptr()
+            .wrapping_add(slot as usize)
+            .cast::<u8>()
+            .wrapping_add(64),
+    );
 }
 
 /// Steady decode rows from `running[i..]`, at most `max_rows`: the input token
@@ -150,8 +163,7 @@ pub(super) fn dense_steady_rows(
     bs: usize,
     j: usize,
     t: usize,
-    batch: &mut Vec<(SeqHandle, usize)>,
-    batch_slots: &mut Vec<u32>,
+    full: &mut Vec<(u32, usize)>,
 ) -> (usize, usize) {
     let run = rows.get(j..).unwrap_or(&[]);
     let toks = toks.get(t..).unwrap_or(&[]);
@@ -182,7 +194,7 @@ pub(super) fn dense_steady_rows(
         r.inflight -= 1;
         r.sampling_rows -= 1;
         if r.kv_len >= r.next_full {
-            queue_full_block(r, fr.slot, bs, batch, batch_slots);
+            queue_full_block(r, fr.slot, bs, full);
         }
         r.tokens.push(toks[k]);
         k += 1;
@@ -194,24 +206,16 @@ pub(super) fn dense_steady_rows(
 /// per block per request, so kept out of the row loop), and asks for the
 /// lines of the block's tokens, which `flush_computed` hashes: the first of
 /// them were written a block's worth of steps ago and have left the cache.
+/// Reads only the record's hot line: the KV handle is looked up in the batch.
 #[cold]
 #[inline(never)]
-pub(super) fn queue_full_block(
-    r: &mut Req,
-    slot: u32,
-    bs: usize,
-    batch: &mut Vec<(SeqHandle, usize)>,
-    batch_slots: &mut Vec<u32>,
-) {
-    if let Some(h) = r.kv {
-        // The last full block at `kv_len` (its tokens are in the history: the
-        // row's input is the token before the one being appended).
-        let start = (r.kv_len as usize / bs).saturating_sub(1) * bs;
-        let p = r.tokens.as_ptr();
-        prefetch_line(p.wrapping_add(start));
-        prefetch_line(p.wrapping_add(start + bs - 1));
-        batch.push((h, r.kv_len as usize));
-        batch_slots.push(slot);
-        r.next_full = next_block_end(r.kv_len as usize, bs);
-    }
+pub(super) fn queue_full_block(r: &mut Req, slot: u32, bs: usize, full: &mut Vec<(u32, usize)>) {
+    // The last full block at `kv_len` (its tokens are in the history: the
+    // row's input is the token before the one being appended).
+    let start = (r.kv_len as usize / bs).saturating_sub(1) * bs;
+    let p = r.tokens.as_ptr();
+    prefetch_line(p.wrapping_add(start));
+    prefetch_line(p.wrapping_add(start + bs - 1));
+    full.push((slot, r.kv_len as usize));
+    r.next_full = next_block_end(r.kv_len as usize, bs);
 }
