@@ -128,7 +128,13 @@ impl BlockHasher {
     /// callers hashing many blocks of one sequence decide it once.
     #[inline]
     pub(crate) fn text_fast_path(&self, keys: &ExtraKeys) -> bool {
-        self.algo == HashAlgo::Xxh3_128 && keys.is_empty()
+        self.text_fast_path_for(keys.is_empty())
+    }
+
+    /// [`BlockHasher::text_fast_path`] given whether the keys are empty (for callers that
+    /// keep that flag where reading it costs no extra cache line).
+    pub(crate) fn text_fast_path_for(&self, keys_empty: bool) -> bool {
+        self.algo == HashAlgo::Xxh3_128 && keys_empty
     }
 
     /// [`BlockHasher::hash_block`] for the common case (XXH3, no extra keys): the same bytes as

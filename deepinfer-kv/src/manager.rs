@@ -192,8 +192,10 @@ impl SeqHandle {
     }
 }
 
-/// One sequence. `repr(C)` and the alignment keep what the per-token append reads (id,
-/// committed count, token and block lists) in the first cache line of the entry.
+/// One sequence. `repr(C)` and the alignment keep everything a block append
+/// ([`BlockManager::extend_by_handle`]) reads, and all the per-sequence fields a block
+/// registration reads but the hash list, in the first cache line of the entry: id, counts,
+/// block list and the two flags (`registered` is a `u32` to make room for them).
 #[derive(Debug, Clone)]
 #[repr(C, align(64))]
 struct Sequence {
@@ -203,11 +205,15 @@ struct Sequence {
     len: usize,
     blocks: Vec<BlockId>,
     computed: usize,
-    /// Leading blocks already offered to the prefix cache.
-    registered: usize,
-    /// The token ids, unless the caller keeps them (`keeps_tokens` false: empty).
-    tokens: Vec<u32>,
+    /// Leading blocks already offered to the prefix cache (at most `blocks.len()`, so below
+    /// the pool's block count, which fits a `u32`).
+    registered: u32,
+    /// False when the caller keeps the token ids (then `tokens` is empty).
     keeps_tokens: bool,
+    /// `keys.is_empty()`, kept here so hashing a block does not read `keys`' lines.
+    plain_keys: bool,
+    /// The token ids, unless the caller keeps them.
+    tokens: Vec<u32>,
     /// Chained hashes of the leading full committed blocks known so far.
     hashes: Vec<BlockHash>,
     keys: ExtraKeys,
@@ -550,7 +556,9 @@ impl BlockManager {
             committed: prompt.len(),
             computed: plan.reused_tokens,
             hashes,
-            registered: reuse,
+            // `reuse` counts blocks of this sequence: below the pool's size, a `u32`.
+            registered: reuse as u32,
+            plain_keys: opts.extra_keys.is_empty(),
             keys: opts.extra_keys,
         });
         Ok(Allocation {
@@ -914,12 +922,12 @@ impl BlockManager {
                     .as_ptr()
                     .wrapping_add(s.hashes.len().saturating_sub(1)),
             );
-            prefetch_line(s.blocks.as_ptr().wrapping_add(s.registered));
+            prefetch_line(s.blocks.as_ptr().wrapping_add(s.registered as usize));
         }
         // Then the pool's lines of the first block each item registers.
         for &(h, _) in items {
             if let Some(Some(s)) = self.seqs.get(h.index as usize)
-                && let Some(&b) = s.blocks.get(s.registered)
+                && let Some(&b) = s.blocks.get(s.registered as usize)
             {
                 self.pool.prefetch_block(b);
             }
@@ -972,7 +980,7 @@ impl BlockManager {
         s.committed = s.committed.min(new_len);
         s.computed = s.computed.min(new_len);
         s.hashes.truncate(new_len / bs);
-        s.registered = s.registered.min(new_len / bs);
+        s.registered = s.registered.min((new_len / bs) as u32);
         Ok(copy)
     }
 
@@ -1074,9 +1082,10 @@ impl BlockManager {
         self.pool.clear_cache();
         for s in self.seqs.iter_mut().flatten() {
             // Blocks already offered stay uncached; new full blocks will be registered again.
+            // At most `len / block_size`, so at most the blocks held: fits a `u32`.
             s.registered = s
                 .registered
-                .max(s.committed.min(s.computed) / self.cfg.block_size);
+                .max((s.committed.min(s.computed) / self.cfg.block_size) as u32);
         }
     }
 }
@@ -1106,11 +1115,12 @@ fn register_blocks(
     };
     // (Floor division is monotone: one division instead of two.)
     let limit = s.committed.min(s.computed).min(toks.len()) / bs;
-    if limit <= s.registered {
+    let registered = s.registered as usize;
+    if limit <= registered {
         return;
     }
     // Decided once per sequence, not per block.
-    let text = hasher.text_fast_path(&s.keys);
+    let text = hasher.text_fast_path_for(s.plain_keys);
     let keys = &s.keys;
     // Hash of block `i` given its parent's.
     let hash = |hasher: &mut BlockHasher, parent: Option<BlockHash>, i: usize| {
@@ -1121,14 +1131,15 @@ fn register_blocks(
             hasher.hash_block(parent, block, i * bs, keys)
         }
     };
-    if limit == s.registered + 1 && s.hashes.len() == s.registered {
+    // `limit` is at most the blocks held (committed tokens fit them): a `u32`.
+    if limit == registered + 1 && s.hashes.len() == registered {
         // The usual case (a decode step filled one block): hash it and offer it in one go.
-        let i = s.registered;
+        let i = registered;
         let parent = s.hashes.last().copied();
         let h = hash(hasher, parent, i);
         s.hashes.push(h);
         pool.register(s.blocks[i], h, parent, &toks[i * bs..(i + 1) * bs]);
-        s.registered = limit;
+        s.registered = limit as u32;
         return;
     }
     while s.hashes.len() < limit {
@@ -1136,7 +1147,7 @@ fn register_blocks(
         let h = hash(hasher, s.hashes.last().copied(), i);
         s.hashes.push(h);
     }
-    for i in s.registered..limit {
+    for i in registered..limit {
         let parent = if i == 0 { None } else { Some(s.hashes[i - 1]) };
         // Another block may already hold this hash (two requests computed the same
         // prefix); then this block simply stays uncached.
@@ -1147,5 +1158,51 @@ fn register_blocks(
             &toks[i * bs..(i + 1) * bs],
         );
     }
-    s.registered = s.registered.max(limit);
+    s.registered = s.registered.max(limit as u32);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// What a block append and a block registration read of a sequence (all but the hash list)
+    /// sits in the entry's first cache line.
+    #[test]
+    fn hot_sequence_fields_share_the_first_line() {
+        let end = |off: usize, size: usize| off + size;
+        assert!(end(offset_of!(Sequence, id), size_of::<u64>()) <= 64);
+        assert!(end(offset_of!(Sequence, committed), size_of::<usize>()) <= 64);
+        assert!(end(offset_of!(Sequence, len), size_of::<usize>()) <= 64);
+        assert!(end(offset_of!(Sequence, blocks), size_of::<Vec<BlockId>>()) <= 64);
+        assert!(end(offset_of!(Sequence, computed), size_of::<usize>()) <= 64);
+        assert!(end(offset_of!(Sequence, registered), size_of::<u32>()) <= 64);
+        assert!(offset_of!(Sequence, keeps_tokens) < 64);
+        assert!(offset_of!(Sequence, plain_keys) < 64);
+        assert_eq!(std::mem::align_of::<Sequence>(), 64);
+    }
+
+    /// The cached `plain_keys` flag agrees with the keys it stands for: sequences with and
+    /// without extra keys hash their blocks as the hasher does from the keys themselves.
+    #[test]
+    fn plain_keys_flag_matches_the_keys() {
+        let cfg = BlockManagerConfig::new(32, 4);
+        let mut m = BlockManager::new(cfg).unwrap();
+        let prompt: Vec<u32> = (0..8).collect();
+        let keyed = ExtraKeys {
+            adapter: Some(3),
+            ..Default::default()
+        };
+        for (id, keys) in [(1u64, ExtraKeys::none()), (2, keyed)] {
+            let opts = AllocateOptions {
+                extra_keys: keys.clone(),
+                ..Default::default()
+            };
+            m.allocate(id, &prompt, opts).unwrap();
+            m.mark_computed(id, 8).unwrap();
+            let want = m.prefix_hashes(&prompt, &keys);
+            assert_eq!(m.seq(id).unwrap().plain_keys, keys.is_empty());
+            assert_eq!(m.seq(id).unwrap().hashes, want);
+        }
+    }
 }
