@@ -195,7 +195,8 @@ impl SeqHandle {
 /// One sequence. `repr(C)` and the alignment keep everything a block append
 /// ([`BlockManager::extend_by_handle`]) reads, and all the per-sequence fields a block
 /// registration reads but the hash list, in the first cache line of the entry: id, counts,
-/// block list and the two flags (`registered` is a `u32` to make room for them).
+/// block list, the two flags and whether the slab entry is live (`registered` is a `u32` to
+/// make room for them).
 #[derive(Debug, Clone)]
 #[repr(C, align(64))]
 struct Sequence {
@@ -212,6 +213,8 @@ struct Sequence {
     keeps_tokens: bool,
     /// `keys.is_empty()`, kept here so hashing a block does not read `keys`' lines.
     plain_keys: bool,
+    /// False for a vacant slab entry (see [`Slab`]).
+    live: bool,
     /// The token ids, unless the caller keeps them.
     tokens: Vec<u32>,
     /// Chained hashes of the leading full committed blocks known so far.
@@ -220,6 +223,24 @@ struct Sequence {
 }
 
 impl Sequence {
+    /// A vacant slab entry (allocates nothing).
+    fn vacant() -> Self {
+        Sequence {
+            id: 0,
+            committed: 0,
+            len: 0,
+            blocks: Vec::new(),
+            computed: 0,
+            registered: 0,
+            keeps_tokens: false,
+            plain_keys: true,
+            live: false,
+            tokens: Vec::new(),
+            hashes: Vec::new(),
+            keys: ExtraKeys::default(),
+        }
+    }
+
     fn push_token(&mut self, t: u32) {
         if self.keeps_tokens {
             self.tokens.push(t);
@@ -237,6 +258,56 @@ impl Sequence {
     fn truncate(&mut self, n: usize) {
         self.tokens.truncate(n);
         self.len = self.len.min(n);
+    }
+}
+
+/// The sequences by dense index (what handles name), vacant entries marked by `live` in their
+/// first line. Not `Vec<Option<Sequence>>`: rustc puts that `Option`'s tag in a niche of
+/// `keys`, on the entry's second line, so every handle lookup would read two lines.
+#[derive(Debug, Clone, Default)]
+struct Slab(Vec<Sequence>);
+
+impl Slab {
+    #[inline]
+    fn get(&self, i: usize) -> Option<&Sequence> {
+        self.0.get(i).filter(|s| s.live)
+    }
+
+    #[inline]
+    fn get_mut(&mut self, i: usize) -> Option<&mut Sequence> {
+        self.0.get_mut(i).filter(|s| s.live)
+    }
+
+    /// Where entry `i` would be (a prefetch address; not dereferenced here).
+    #[inline]
+    fn entry_ptr(&self, i: usize) -> *const Sequence {
+        self.0.as_ptr().wrapping_add(i)
+    }
+
+    /// Stores `s` (made live) at `i`, a vacant entry, or at the end when `i` is `None`;
+    /// returns its index.
+    fn put(&mut self, i: Option<u32>, mut s: Sequence) -> u32 {
+        s.live = true;
+        match i {
+            Some(i) => {
+                self.0[i as usize] = s;
+                i
+            }
+            None => {
+                self.0.push(s);
+                (self.0.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Takes the live sequence at `i` out, leaving the entry vacant.
+    fn take(&mut self, i: usize) -> Option<Sequence> {
+        let e = self.0.get_mut(i).filter(|s| s.live)?;
+        Some(std::mem::replace(e, Sequence::vacant()))
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Sequence> {
+        self.0.iter_mut().filter(|s| s.live)
     }
 }
 
@@ -258,7 +329,7 @@ pub struct BlockManager {
     cfg: BlockManagerConfig,
     hasher: BlockHasher,
     /// Sequences in a slab (dense indices for handles) plus the id index.
-    seqs: Vec<Option<Sequence>>,
+    seqs: Slab,
     free_idx: Vec<u32>,
     ids: IdIndex,
     stats: CacheStats,
@@ -288,7 +359,7 @@ impl BlockManager {
             hasher: BlockHasher::new(cfg.hash_algo, cfg.hash_seed),
             pool,
             cfg,
-            seqs: Vec::new(),
+            seqs: Slab::default(),
             free_idx: Vec::new(),
             ids: IdIndex::default(),
             stats: CacheStats::default(),
@@ -347,7 +418,7 @@ impl BlockManager {
     fn seq(&self, seq: u64) -> Result<&Sequence> {
         self.ids
             .get(&seq)
-            .and_then(|&i| self.seqs[i as usize].as_ref())
+            .and_then(|&i| self.seqs.get(i as usize))
             .ok_or(KvError::UnknownSequence(seq))
     }
 
@@ -358,25 +429,15 @@ impl BlockManager {
             .ok_or(KvError::UnknownSequence(seq))
     }
 
-    fn seq_mut(seqs: &mut [Option<Sequence>], index: usize, id: u64) -> Result<&mut Sequence> {
+    fn seq_mut(seqs: &mut Slab, index: usize, id: u64) -> Result<&mut Sequence> {
         seqs.get_mut(index)
-            .and_then(Option::as_mut)
             .filter(|s| s.id == id)
             .ok_or(KvError::UnknownSequence(id))
     }
 
     fn insert_seq(&mut self, s: Sequence) {
         let id = s.id;
-        let i = match self.free_idx.pop() {
-            Some(i) => {
-                self.seqs[i as usize] = Some(s);
-                i
-            }
-            None => {
-                self.seqs.push(Some(s));
-                (self.seqs.len() - 1) as u32
-            }
-        };
+        let i = self.seqs.put(self.free_idx.pop(), s);
         self.ids.insert(id, i);
     }
 
@@ -559,6 +620,8 @@ impl BlockManager {
             // `reuse` counts blocks of this sequence: below the pool's size, a `u32`.
             registered: reuse as u32,
             plain_keys: opts.extra_keys.is_empty(),
+            // Set by the slab.
+            live: false,
             keys: opts.extra_keys,
         });
         Ok(Allocation {
@@ -632,7 +695,7 @@ impl BlockManager {
     pub fn append_token(&mut self, h: SeqHandle, token: u32) -> Result<Slot> {
         let bs = self.cfg.block_size;
         // Fast path: a live sequence without drafts whose last block has room.
-        if let Some(Some(s)) = self.seqs.get_mut(h.index as usize)
+        if let Some(s) = self.seqs.get_mut(h.index as usize)
             && s.id == h.id
             && s.committed == s.len
             && s.len < s.blocks.len() * bs
@@ -655,7 +718,7 @@ impl BlockManager {
     #[inline]
     pub fn push_token(&mut self, h: SeqHandle, token: u32) -> Result<()> {
         let bs = self.cfg.block_size;
-        if let Some(Some(s)) = self.seqs.get_mut(h.index as usize)
+        if let Some(s) = self.seqs.get_mut(h.index as usize)
             && s.id == h.id
             && s.committed == s.len
             && s.len < s.blocks.len() * bs
@@ -712,10 +775,10 @@ impl BlockManager {
     pub fn prefetch(&self, h: SeqHandle, tail: bool) {
         if !tail {
             // No bounds check: a prefetch of any address is harmless.
-            prefetch_line(self.seqs.as_ptr().wrapping_add(h.index as usize));
+            prefetch_line(self.seqs.entry_ptr(h.index as usize));
             return;
         }
-        if let Some(Some(s)) = self.seqs.get(h.index as usize)
+        if let Some(s) = self.seqs.get(h.index as usize)
             && s.keeps_tokens
         {
             prefetch_line(s.tokens.as_ptr().wrapping_add(s.tokens.len()));
@@ -902,13 +965,12 @@ impl BlockManager {
         tokens: impl Fn(usize) -> Option<&'t [u32]>,
     ) -> Result<()> {
         for &(h, _) in items {
-            prefetch_line(self.seqs.as_ptr().wrapping_add(h.index as usize));
+            prefetch_line(self.seqs.entry_ptr(h.index as usize));
         }
         for &(h, n) in items {
             let s = self
                 .seqs
                 .get(h.index as usize)
-                .and_then(Option::as_ref)
                 .filter(|s| s.id == h.id)
                 .ok_or(KvError::UnknownSequence(h.id))?;
             if n > s.len {
@@ -926,7 +988,7 @@ impl BlockManager {
         }
         // Then the pool's lines of the first block each item registers.
         for &(h, _) in items {
-            if let Some(Some(s)) = self.seqs.get(h.index as usize)
+            if let Some(s) = self.seqs.get(h.index as usize)
                 && let Some(&b) = s.blocks.get(s.registered as usize)
             {
                 self.pool.prefetch_block(b);
@@ -934,7 +996,7 @@ impl BlockManager {
         }
         // Every item was checked above and nothing has changed since: mark without checking again.
         for (i, &(h, n)) in items.iter().enumerate() {
-            if let Some(Some(s)) = self.seqs.get_mut(h.index as usize) {
+            if let Some(s) = self.seqs.get_mut(h.index as usize) {
                 s.computed = s.computed.max(n);
                 register_blocks(&mut self.pool, &mut self.hasher, &self.cfg, s, tokens(i));
             }
@@ -1016,8 +1078,9 @@ impl BlockManager {
     /// Releases every block of `seq`, last block first, and forgets the sequence.
     pub fn free(&mut self, seq: u64) -> Result<()> {
         let i = self.ids.remove(&seq).ok_or(KvError::UnknownSequence(seq))?;
-        let s = self.seqs[i as usize]
-            .take()
+        let s = self
+            .seqs
+            .take(i as usize)
             .ok_or(KvError::UnknownSequence(seq))?;
         self.free_idx.push(i);
         self.pool.release_all(&s.blocks)
@@ -1080,7 +1143,7 @@ impl BlockManager {
     /// Drops the whole prefix cache (for instance after a weight update).
     pub fn reset_prefix_cache(&mut self) {
         self.pool.clear_cache();
-        for s in self.seqs.iter_mut().flatten() {
+        for s in self.seqs.iter_mut() {
             // Blocks already offered stay uncached; new full blocks will be registered again.
             // At most `len / block_size`, so at most the blocks held: fits a `u32`.
             s.registered = s
@@ -1179,7 +1242,46 @@ mod tests {
         assert!(end(offset_of!(Sequence, registered), size_of::<u32>()) <= 64);
         assert!(offset_of!(Sequence, keeps_tokens) < 64);
         assert!(offset_of!(Sequence, plain_keys) < 64);
+        assert!(offset_of!(Sequence, live) < 64);
         assert_eq!(std::mem::align_of::<Sequence>(), 64);
+    }
+
+    /// Vacant slab entries are invisible: a freed sequence's entry is reused, a handle on it
+    /// (also on an index past the end) is rejected, and a vacant entry is no sequence to any
+    /// walk over the slab.
+    #[test]
+    fn vacant_slab_entries_are_not_sequences() {
+        let mut m = BlockManager::new(BlockManagerConfig::new(32, 4)).unwrap();
+        let prompt: Vec<u32> = (0..6).collect();
+        m.allocate(1, &prompt, Default::default()).unwrap();
+        m.allocate(2, &prompt, Default::default()).unwrap();
+        let h1 = m.handle(1).unwrap();
+        m.free(1).unwrap();
+        assert_eq!(m.seqs.0.len(), 2);
+        assert!(!m.seqs.0[h1.index as usize].live);
+        assert!(m.seqs.get(h1.index as usize).is_none());
+        assert_eq!(
+            m.extend_by_handle(h1, &[1]),
+            Err(KvError::UnknownSequence(1))
+        );
+        assert_eq!(m.seqs.iter_mut().count(), 1);
+        m.reset_prefix_cache();
+        // The next sequence takes the vacant entry; the old handle still names sequence 1.
+        m.allocate(3, &prompt, Default::default()).unwrap();
+        assert_eq!(m.handle(3).unwrap().index, h1.index);
+        assert_eq!(m.seqs.0.len(), 2);
+        assert_eq!(
+            m.extend_by_handle(h1, &[1]),
+            Err(KvError::UnknownSequence(1))
+        );
+        let past = SeqHandle { index: 9, id: 3 };
+        assert_eq!(
+            m.extend_by_handle(past, &[1]),
+            Err(KvError::UnknownSequence(3))
+        );
+        m.extend_by_handle(m.handle(3).unwrap(), &[1, 2]).unwrap();
+        assert_eq!(m.tokens(3).unwrap(), &[0, 1, 2, 3, 4, 5, 1, 2]);
+        assert_eq!(m.seqs.iter_mut().count(), 2);
     }
 
     /// The cached `plain_keys` flag agrees with the keys it stands for: sequences with and
