@@ -478,10 +478,13 @@ impl BlockPool {
         parent: Option<BlockHash>,
         tokens: &[u32],
     ) -> bool {
-        let Some(m) = self.meta.get(block as usize) else {
+        // The index first: a block that loses to a block already cached under its hash (two
+        // requests computed the same prefix) then never reads its own record's line.
+        if block as usize >= self.meta.len() || self.index.contains_key(&hash) {
             return false;
-        };
-        if m.ref_count == 0 || m.hashed || self.index.contains_key(&hash) {
+        }
+        let m = &self.meta[block as usize];
+        if m.ref_count == 0 || m.hashed {
             return false;
         }
         if self.verify_tokens {
@@ -828,6 +831,33 @@ mod tests {
         assert!(!p.register(b, BlockHash(7), None, &[0]));
         p.release(b).unwrap();
         assert_eq!(p.usage().free_empty, 1);
+    }
+
+    /// Every refusal of `register` caches nothing, whichever check refuses it.
+    #[test]
+    fn register_refusals_cache_nothing() {
+        let mut p = BlockPool::new(3, 1, true).unwrap();
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        assert!(
+            !p.register(99, BlockHash(1), None, &[0]),
+            "outside the pool"
+        );
+        assert!(!p.register(2, BlockHash(1), None, &[0]), "a free block");
+        assert!(
+            !p.register(a, BlockHash(1), None, &[0, 0]),
+            "wrong token count"
+        );
+        assert_eq!(p.usage().cached, 0);
+        assert!(p.register(a, BlockHash(1), None, &[0]));
+        assert!(!p.register(a, BlockHash(2), None, &[0]), "already cached");
+        assert!(
+            !p.register(b, BlockHash(1), None, &[0]),
+            "hash held by another block"
+        );
+        assert_eq!(p.usage().cached, 1);
+        assert_eq!(p.hash_of(b), None);
+        assert_eq!(p.lookup(BlockHash(2)), None);
     }
 
     #[test]
