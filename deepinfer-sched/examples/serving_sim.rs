@@ -183,7 +183,7 @@ fn simulate(rate: f64, seconds: f64, budget: Option<f64>, seed: u64) -> Report {
         for f in res.finished {
             let tr = track.get_mut(&f.id).unwrap();
             tr.finish = Some(now);
-            tr.outputs = f.output.len();
+            tr.outputs = f.output().len();
         }
     }
     let mut ttft = Vec::new();

@@ -45,14 +45,38 @@ pub enum FinishReason {
 }
 
 /// A finished request and everything it generated.
+///
+/// The request's history is handed over as it is, prompt first, without a
+/// copy: [`Finished::output`] is the generated part. (Copying the output out
+/// of a long history reads lines written hundreds of steps ago, a cost the
+/// scheduler would pay for every finished request whether the caller needs an
+/// owned vector or not.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
     /// The request.
     pub id: RequestId,
     /// Why it finished.
     pub reason: FinishReason,
-    /// Generated tokens (prompt excluded).
-    pub output: Vec<u32>,
+    /// The whole history: the prompt's `prompt_len` tokens, then the
+    /// generated ones.
+    pub tokens: Vec<u32>,
+    /// Prompt tokens at the front of `tokens`.
+    pub prompt_len: usize,
+}
+
+impl Finished {
+    /// The generated tokens (prompt excluded).
+    pub fn output(&self) -> &[u32] {
+        self.tokens.get(self.prompt_len..).unwrap_or(&[])
+    }
+
+    /// The generated tokens as a vector of their own, reusing the history's
+    /// buffer (the output is moved to its front).
+    pub fn into_output(self) -> Vec<u32> {
+        let mut t = self.tokens;
+        t.drain(..self.prompt_len.min(t.len()));
+        t
+    }
 }
 
 /// A chunk of prompt (or recompute) tokens: positions `start .. start + len`.

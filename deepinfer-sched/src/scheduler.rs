@@ -453,20 +453,6 @@ fn take_sampled(r: &mut Req, toks: &[u32], confs: &[f64], stop: bool) -> Option<
     stop.then_some(FinishReason::Stop)
 }
 
-/// The generated tokens of a request that is leaving. Its history's buffer
-/// becomes the output (the prompt is moved out of the way: no allocation, no
-/// copy to a new buffer, no free) unless that would hand the caller a buffer
-/// more than twice as large as the output.
-fn take_output(r: &mut Req) -> Vec<u32> {
-    let out_len = r.tokens.len() - r.prompt_len;
-    if r.tokens.capacity() > 2 * out_len {
-        return r.tokens[r.prompt_len..].to_vec();
-    }
-    let mut t = std::mem::take(&mut r.tokens);
-    t.drain(..r.prompt_len);
-    t
-}
-
 /// Hands the tokens a request's KV sequence holds but the block manager has
 /// not been told of yet (steady decode rows only count them) to the manager,
 /// which counts them (the history is the token list: see
@@ -754,7 +740,8 @@ impl Scheduler {
         Ok(Finished {
             id,
             reason: FinishReason::Aborted,
-            output: r.tokens[r.prompt_len..].to_vec(),
+            tokens: std::mem::take(&mut r.tokens),
+            prompt_len: r.prompt_len,
         })
     }
 
@@ -1757,7 +1744,8 @@ impl Scheduler {
         res.finished.push(Finished {
             id: r.id,
             reason,
-            output: take_output(&mut r),
+            tokens: std::mem::take(&mut r.tokens),
+            prompt_len: r.prompt_len,
         });
         !loc.parked
     }

@@ -100,7 +100,7 @@ fn abort_at_any_moment() {
     // Abort a waiting request.
     let f = s.abort(3).unwrap();
     assert_eq!(
-        (f.id, f.reason, f.output.len()),
+        (f.id, f.reason, f.output().len()),
         (3, FinishReason::Aborted, 0)
     );
     let p = s.schedule().unwrap();
@@ -139,10 +139,26 @@ fn stop_token_and_engine_stop_finish() {
     }
     let f1 = done.iter().find(|f| f.id == 1).unwrap();
     assert_eq!(f1.reason, FinishReason::Stop);
-    assert_eq!(f1.output, expected_output(1, 10, 4));
+    assert_eq!(f1.output(), expected_output(1, 10, 4));
     let f2 = done.iter().find(|f| f.id == 2).unwrap();
     assert_eq!(f2.reason, FinishReason::Stop);
-    assert_eq!(f2.output.len(), 3);
+    assert_eq!(f2.output().len(), 3);
+    // The history is handed over whole: the prompt, then the output.
+    assert_eq!(f1.prompt_len, 10);
+    assert_eq!(f1.tokens[..10], prompt(1, 10)[..]);
+    assert_eq!(f1.clone().into_output(), f1.output());
+}
+
+#[test]
+fn finished_output_views_never_panic() {
+    let f = deepinfer_sched::Finished {
+        id: 1,
+        reason: FinishReason::Length,
+        tokens: vec![1, 2, 3],
+        prompt_len: 5,
+    };
+    assert!(f.output().is_empty());
+    assert!(f.into_output().is_empty());
 }
 
 #[test]
@@ -196,7 +212,7 @@ fn accepted_drafts_are_cached_under_their_real_ids() {
     let (done, plans) = drive_sync(&mut s, 200);
     assert!(plans.iter().any(|p| p.decode.iter().any(|d| d.drafts > 0)));
     let mut history = prompt(1, 20);
-    history.extend_from_slice(&done[0].output);
+    history.extend_from_slice(done[0].output());
     assert_eq!(history.len(), 50);
     // Some drafts were accepted (fewer decode rows than generated tokens).
     let decode_rows: usize = plans.iter().map(|p| p.decode.len()).sum();
@@ -432,9 +448,9 @@ fn renumbered_running_slab_keeps_rows_in_flight() {
         let id = f.id;
         let exp = expected_output(id, 3 + id as usize % 9, 5 + (id as usize * 7) % 60);
         if id == 7 {
-            assert!(exp.starts_with(&f.output));
+            assert!(exp.starts_with(f.output()));
         } else {
-            assert_eq!(f.output, exp, "request {id}");
+            assert_eq!(f.output(), exp, "request {id}");
         }
     }
     assert_eq!(s.kv().usage().used, 0);
@@ -477,7 +493,7 @@ fn two_step_overlap_plans_rows_on_provisional_rows() {
         }
     }
     assert_eq!(done.len(), 1);
-    assert_eq!(done[0].output, expected_output(1, 6, 5));
+    assert_eq!(done[0].output(), expected_output(1, 6, 5));
     assert_eq!(s.kv().usage().used, 0);
 }
 

@@ -168,12 +168,12 @@ fn check_all_accounted(w: &Workload, done: &[Finished], s: &Scheduler) {
                 assert!(w.aborts.iter().any(|a| a.1 == i));
                 // Whatever it produced before the abort is a prefix of the true stream.
                 let exp = expected_output(i as RequestId, len, max_new);
-                assert!(exp.starts_with(&f[0].output));
+                assert!(exp.starts_with(f[0].output()));
             }
             r => {
                 assert_eq!(r, FinishReason::Length);
                 assert_eq!(
-                    f[0].output,
+                    f[0].output(),
                     expected_output(i as RequestId, len, max_new),
                     "request {i}"
                 );

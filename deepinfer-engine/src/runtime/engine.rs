@@ -1323,8 +1323,9 @@ fn finish<T>(mut l: Live<T>, f: Finished, now_ms: f64) -> Output {
         (SchedFinish::Stop, _) => FinishReason::Stop,
         (SchedFinish::Length, _) => FinishReason::Length,
     };
-    let mut token_ids = f.output;
-    token_ids.drain(..l.strip.min(token_ids.len()));
+    // One move of the kept part to the front of the history's buffer.
+    let mut token_ids = f.tokens;
+    token_ids.drain(..(f.prompt_len + l.strip).min(token_ids.len()));
     if let Some(k) = l.kept {
         token_ids.truncate(k);
     }

@@ -165,7 +165,7 @@ pub fn check_outputs(done: &[Finished], reqs: &[(RequestId, usize, usize)]) {
         if f[0].reason != FinishReason::Aborted {
             assert_eq!(f[0].reason, FinishReason::Length);
             assert_eq!(
-                f[0].output,
+                f[0].output(),
                 expected_output(id, len, max_new),
                 "request {id}"
             );
