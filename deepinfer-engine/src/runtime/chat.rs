@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// The id the vendored V4 vocabulary lacks for V4.1's `<｜System｜>`: mapped to a reserved
-/// placeholder id (configuration, not a claim about the real V4.1 vocabulary).
+/// The id the vendored V4 vocabulary lacks for V4.1's `<｜System｜>`: mapped to a reserved,
+/// otherwise unused id (configuration, not a claim about the real V4.1 vocabulary).
 pub const V41_SYSTEM_FALLBACK_ID: u32 = 128_001;
 
 /// A regex constraint on the whole output, anchored at its end.

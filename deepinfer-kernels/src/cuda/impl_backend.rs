@@ -1318,8 +1318,8 @@ impl Backend for CudaBackend {
             return Ok(y);
         }
         let ih = self.host(indices)?;
-        // Download only the experts the indices name; the others get an empty placeholder
-        // the CPU kernel never reads (it checks only the experts it serves).
+        // Download only the experts the indices name; the others get a zero-size tensor,
+        // which the CPU kernel never reads (it checks only the experts it serves).
         let used = self.cpu.download_i64(&ih).unwrap_or_default();
         let empty = self.cpu.zeros(&[0, 0], DType::F32)?;
         let mut host: Vec<[CpuTensor; 3]> = Vec::with_capacity(experts.len());

@@ -31,17 +31,12 @@ pub(super) fn prefetch_record(slots: &[Req], slot: u32) {
     prefetch_line(slots.as_ptr().wrapping_add(slot as usize));
 }
 
-/// Ask for the cold line of the record in `slot` (the KV handle and the
-/// counters `sync_kv` reads), for batches that read it after a walk.
+/// Ask for the line of the record in `slot` that holds its KV handle (with
+/// the counters `sync_kv` reads), for batches that read it after a walk.
 #[inline(always)]
 pub(super) fn prefetch_cold_line(slots: &[Req], slot: u32) {
-    prefetch_line(
-        slots
-            .as_ptr()
-            .wrapping_add(slot as usize)
-            .cast::<u8>()
-            .wrapping_add(64),
-    );
+    let record = slots.as_ptr().wrapping_add(slot as usize).cast::<u8>();
+    prefetch_line(record.wrapping_add(std::mem::offset_of!(Req, kv)));
 }
 
 /// Steady decode rows from `running[i..]`, at most `max_rows`: the input token
