@@ -1,73 +1,15 @@
 //! schedule() + update() per step with 1,024 running requests and 100 / 10,000 /
-//! 100,000 waiting; the cost must not grow with the waiting count.
+//! 100,000 waiting, with the system allocator; the cost must not grow with the
+//! waiting count. (`sched_mimalloc` runs the same steps with the allocator of
+//! the `deepinfer` binary.)
 
-use std::time::Duration;
+use criterion::{Criterion, criterion_group, criterion_main};
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use deepinfer_sched::{StepOutput, StepPlan};
-
+mod steps;
 mod workload;
-use workload::{RUNNING, setup, step};
-
-/// Nanoseconds this thread spent on a CPU (Linux schedstat), so figures taken on
-/// a shared, oversubscribed machine exclude time spent waiting for a core.
-fn cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
-}
-
-fn cpu_report() {
-    for waiting in [100usize, 10_000, 100_000] {
-        let (mut s, mut next) = setup(waiting);
-        let mut out = StepOutput::default();
-        let mut plan = StepPlan::default();
-        let steps = 2000;
-        // On-CPU time of the whole loop (fake engine included: an upper bound).
-        let t0 = cpu_ns();
-        let mut wall = Duration::ZERO;
-        for _ in 0..steps {
-            wall += step(&mut s, &mut plan, &mut out, &mut next, 1);
-        }
-        let cpu = cpu_ns()
-            .zip(t0)
-            .map(|(b, a)| (b - a) as f64 / steps as f64 / 1e3);
-        eprintln!(
-            "waiting {waiting:>6}: schedule+update wall {:.1} us/step; on-CPU (incl. fake engine) {cpu:.1?} us/step; running {}",
-            wall.as_secs_f64() * 1e6 / steps as f64,
-            s.num_running()
-        );
-    }
-}
 
 fn bench(c: &mut Criterion) {
-    cpu_report();
-    let mut g = c.benchmark_group("schedule_update_1024_running");
-    // Long windows: on a shared VM the same code runs 30-50 µs per step
-    // depending on what its neighbours do for seconds at a time, and a 3 s
-    // window lands in one such period; 10 s averages over several.
-    g.sample_size(30);
-    g.measurement_time(Duration::from_secs(10));
-    g.warm_up_time(Duration::from_secs(1));
-    for waiting in [100usize, 10_000, 100_000] {
-        let (mut s, mut next) = setup(waiting);
-        let mut out = StepOutput::default();
-        let mut plan = StepPlan::default();
-        g.bench_with_input(BenchmarkId::from_parameter(waiting), &waiting, |b, _| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    total += step(&mut s, &mut plan, &mut out, &mut next, 1);
-                }
-                total
-            })
-        });
-        assert!(
-            s.num_running() > RUNNING - 16,
-            "running fell to {}",
-            s.num_running()
-        );
-    }
-    g.finish();
+    steps::bench_steps(c, "schedule_update_1024_running");
 }
 
 criterion_group!(benches, bench);
