@@ -22,11 +22,9 @@ fn main() {
     let (mut s, mut next) = workload::setup(waiting);
     let mut out = StepOutput::default();
     let mut plan = StepPlan::default();
-    let cpu0 = cpu_ns();
+    let cpu0 = workload::cpu_ns();
     let total = measured(&mut s, &mut plan, &mut out, &mut next, steps);
-    let cpu = cpu_ns()
-        .zip(cpu0)
-        .map(|(b, a)| (b - a) as f64 / steps as f64 / 1e3);
+    let cpu = workload::cpu_us_per_step(cpu0, steps);
     println!(
         "waiting {waiting}: {steps} steps, schedule+update {:.1} us/step (wall), on-CPU incl. fake engine {} us/step, running {}",
         total.as_secs_f64() * 1e6 / steps as f64,
@@ -49,10 +47,4 @@ fn measured(
         total += workload::step(s, plan, out, next, 1);
     }
     total
-}
-
-/// Nanoseconds this thread spent on a CPU (Linux schedstat).
-fn cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
 }

@@ -7,14 +7,7 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion};
 use deepinfer_sched::{StepOutput, StepPlan};
 
-use crate::workload::{RUNNING, setup, step};
-
-/// Nanoseconds this thread spent on a CPU (Linux schedstat), so figures taken on
-/// a shared, oversubscribed machine exclude time spent waiting for a core.
-fn cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
-}
+use crate::workload::{RUNNING, cpu_ns, cpu_us_per_step, setup, step};
 
 /// Prints wall and on-CPU time per step over 2,000 steps at each waiting count.
 fn cpu_report(label: &str) {
@@ -29,9 +22,7 @@ fn cpu_report(label: &str) {
         for _ in 0..steps {
             wall += step(&mut s, &mut plan, &mut out, &mut next, 1);
         }
-        let cpu = cpu_ns()
-            .zip(t0)
-            .map(|(b, a)| (b - a) as f64 / steps as f64 / 1e3);
+        let cpu = cpu_us_per_step(t0, steps);
         eprintln!(
             "{label}, waiting {waiting:>6}: schedule+update wall {:.1} us/step; on-CPU (incl. fake engine) {cpu:.1?} us/step; running {}",
             wall.as_secs_f64() * 1e6 / steps as f64,

@@ -77,3 +77,18 @@ pub fn step(
     }
     t_sched + t_update
 }
+
+/// Nanoseconds this thread has spent on a CPU (Linux schedstat), so figures
+/// taken on a shared, oversubscribed machine can exclude time spent waiting
+/// for a core.
+pub fn cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// On-CPU microseconds per step since `start` (a [`cpu_ns`] reading) over `steps` steps.
+pub fn cpu_us_per_step(start: Option<u64>, steps: usize) -> Option<f64> {
+    cpu_ns()
+        .zip(start)
+        .map(|(b, a)| (b - a) as f64 / steps as f64 / 1e3)
+}
