@@ -939,6 +939,50 @@ fn random_grammar(seed: u64) -> (Reference, String, bool) {
     (Reference::new(bodies), ebnf, immediate)
 }
 
+/// A grammar whose live parses grow geometrically with the output (each `b`
+/// can open a `root` in either `r` of every open one): found by the random
+/// grammar property test, whose matcher then took minutes per token.
+#[test]
+fn too_ambiguous_grammars_are_refused_not_slow() {
+    let ebnf = "root ::= \"b\" r2 r2\nr1 ::= (\"b\")* root\nr2 ::= root root | \"\"\n";
+    let vocab = small_vocab();
+    let grammar = RegexBackend::default()
+        .compile(&GrammarSpec::Ebnf(ebnf.into()), &vocab)
+        .unwrap();
+    let mut matcher = grammar.matcher();
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let started = std::time::Instant::now();
+    let mut accepted = 0;
+    let refused = loop {
+        matcher.fill_bitmask(&mut mask).unwrap();
+        assert!(allowed(&mask, 1), "`b` is always allowed");
+        match matcher.accept(1) {
+            Ok(()) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(accepted < 64, "no refusal after {accepted} tokens");
+    };
+    assert_eq!(
+        refused,
+        GrammarError::TooAmbiguous(deepinfer_recipe::grammar::MAX_LIVE_PARSES)
+    );
+    // The live parses grow about 2.7-fold per `b`: refused after a handful.
+    assert!((5..=12).contains(&accepted), "refused after {accepted}");
+    // The refusal leaves the matcher where it was: its mask still allows `b`,
+    // it is still complete (`root` is, after any number of `b`s), and it rolls
+    // back and goes on.
+    matcher.fill_bitmask(&mut mask).unwrap();
+    assert!(allowed(&mask, 1));
+    assert!(matcher.is_complete());
+    matcher.rollback(accepted).unwrap();
+    matcher.accept(1).unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
 /// Single characters, a few merged pairs, and end of sequence (id 8).
 fn small_vocab() -> Arc<GrammarVocab> {
     let tokens = ["a", "b", "(", ")", "ab", "((", ")a", "b)"]
@@ -997,7 +1041,12 @@ proptest! {
                 break;
             }
             let id = allowed_ids[choice as usize % allowed_ids.len()];
-            matcher.accept(id).unwrap();
+            match matcher.accept(id) {
+                // A refusal with this error is the matcher's documented bound
+                // on ambiguity (see `too_ambiguous_grammars_are_refused_not_slow`).
+                Err(GrammarError::TooAmbiguous(_)) => break,
+                other => other.unwrap(),
+            }
             text.extend_from_slice(tokens[id as usize]);
         }
     }

@@ -89,7 +89,8 @@ use std::time::Duration;
 pub use dfa::{CompiledRegex, RegexGrammar, RegexMatcher};
 pub use ebnf::{Ebnf, MAX_PATTERN as EBNF_MAX_PATTERN, MAX_RECURSION as EBNF_MAX_RECURSION};
 pub use pushdown::{
-    CALL_BYTE, CompiledPushdown, DEFAULT_MAX_DEPTH, PushdownGrammar, PushdownMatcher, Rules,
+    CALL_BYTE, CompiledPushdown, DEFAULT_MAX_DEPTH, MAX_LIVE_PARSES, PushdownGrammar,
+    PushdownMatcher, Rules,
 };
 pub use schema::{JSON_DEPTH, dsml_tool_calls_regex, json_value_regex, schema_regex};
 pub use strict::strict_schema;
@@ -126,6 +127,10 @@ pub enum GrammarError {
     /// stack-depth cap ([`RegexBackend::max_depth`]).
     #[error("the output nests deeper than the limit of {0} levels")]
     DepthLimit(usize),
+    /// The token would leave more parses of an ambiguous recursive grammar
+    /// live than the matcher follows ([`MAX_LIVE_PARSES`]).
+    #[error("the grammar is too ambiguous here: more than {0} parses would be live")]
+    TooAmbiguous(usize),
 }
 
 /// What to constrain the output to.

@@ -25,7 +25,9 @@
 //! refused with [`GrammarError::DepthLimit`]. The mask itself is the exact
 //! grammar mask, so reaching the cap is an error, never silent steering.
 //! Left-recursive rules (a rule that can call itself before reading any text)
-//! are rejected with [`GrammarError::Unsupported`].
+//! are rejected with [`GrammarError::Unsupported`]. Ambiguity is bounded the
+//! same way: a token after which more than [`MAX_LIVE_PARSES`] parses would
+//! be live is refused with [`GrammarError::TooAmbiguous`].
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -55,6 +57,17 @@ const PLAIN: u8 = 2;
 
 /// Most cached stack-dependent resolutions per DFA state.
 const RESOLVED_PER_STATE: usize = 64;
+
+/// Most live parses after a token. A matcher keeps one stack per parse, and
+/// in an ambiguous grammar (`r ::= root root | ""` under `root ::= "b" r r`)
+/// their number grows geometrically with the output; past this many, the
+/// token is refused with [`GrammarError::TooAmbiguous`] instead of letting
+/// each step cost more than the last.
+pub const MAX_LIVE_PARSES: usize = 4096;
+
+/// Configuration lists up to this long are deduplicated by a scan; longer
+/// ones through a hash set (the scan is quadratic in the list).
+const SCAN_DEDUP: usize = 32;
 
 /// A context-free grammar as rules whose bodies are byte regexes with call
 /// markers. Rule 0 is the start rule.
@@ -175,6 +188,41 @@ struct Config {
     approx: bool,
 }
 
+/// Membership of a configuration list being built: a scan while it is
+/// short, a hash set once it is long (see [`SCAN_DEDUP`]).
+#[derive(Debug, Default)]
+struct Dedup {
+    set: std::collections::HashSet<Config, BuildHasherDefault<IdHasher>>,
+    /// Entries of the list already in `set`.
+    synced: usize,
+}
+
+impl Dedup {
+    /// Start on a new list.
+    fn reset(&mut self) {
+        self.set.clear();
+        self.synced = 0;
+    }
+
+    /// Push `config` onto `list` unless it is there.
+    fn add(&mut self, list: &mut Vec<Config>, config: Config) {
+        if list.len() < SCAN_DEDUP {
+            if !list.contains(&config) {
+                list.push(config);
+            }
+            return;
+        }
+        while let Some(&known) = list.get(self.synced) {
+            self.set.insert(known);
+            self.synced += 1;
+        }
+        if self.set.insert(config) {
+            list.push(config);
+            self.synced += 1;
+        }
+    }
+}
+
 /// Interned stack frames: (return state, frame below, depth).
 #[derive(Debug, Clone, Default)]
 struct Arena {
@@ -249,6 +297,8 @@ struct Track {
     /// Shallowest start frame popped into (`u32::MAX`: none).
     min_popped: u32,
     bottom: bool,
+    /// Scratch of `closure` and `step`.
+    dedup: Dedup,
 }
 
 /// Reusable trie-walk buffers.
@@ -622,6 +672,8 @@ impl CompiledPushdown {
     fn closure(&self, arena: &mut Arena, track: &mut Track, set: &[Config], out: &mut Vec<Config>) {
         out.clear();
         out.extend_from_slice(set);
+        let mut dedup = std::mem::take(&mut track.dedup);
+        dedup.reset();
         let mut i = 0;
         while i < out.len() {
             let config = out[i];
@@ -631,7 +683,7 @@ impl CompiledPushdown {
             };
             for &(rule, ret) in &info.calls {
                 let below = arena.push(ret, config.below);
-                add(
+                dedup.add(
                     out,
                     Config {
                         state: self.starts[rule as usize],
@@ -647,7 +699,7 @@ impl CompiledPushdown {
                 BOTTOM => track.bottom = true,
                 UNKNOWN => {
                     for &ret in &self.returns[info.rule as usize] {
-                        add(
+                        dedup.add(
                             out,
                             Config {
                                 state: ret,
@@ -662,7 +714,7 @@ impl CompiledPushdown {
                     if track.chain.get(depth as usize) == Some(&node) {
                         track.min_popped = track.min_popped.min(depth);
                     }
-                    add(
+                    dedup.add(
                         out,
                         Config {
                             state,
@@ -673,18 +725,20 @@ impl CompiledPushdown {
                 }
             }
         }
+        track.dedup = dedup;
     }
 
     /// Read one text byte from closed configurations.
-    fn step(&self, closed: &[Config], byte: u8, out: &mut Vec<Config>) {
+    fn step(&self, closed: &[Config], byte: u8, out: &mut Vec<Config>, dedup: &mut Dedup) {
         out.clear();
+        dedup.reset();
         if byte == CALL_BYTE {
             return;
         }
         for config in closed {
             let next = self.dfa.next_state(config.state, byte);
             if self.good(next) {
-                add(
+                dedup.add(
                     out,
                     Config {
                         state: next,
@@ -752,7 +806,7 @@ impl CompiledPushdown {
                         self.closure(arena, track, here, &mut closed[level]);
                         closed_ok[level] = true;
                     }
-                    self.step(&closed[level], bytes[level], next);
+                    self.step(&closed[level], bytes[level], next, &mut track.dedup);
                 }
                 closed_ok[level + 1] = false;
                 level += 1;
@@ -855,6 +909,7 @@ impl CompiledPushdown {
             chain: vec![BOTTOM; depth + 1],
             min_popped: u32::MAX,
             bottom: false,
+            dedup: Dedup::default(),
         };
         let mut node = config.below;
         while node < UNKNOWN {
@@ -920,12 +975,6 @@ fn frames_match(arena: &Arena, below: u32, frames: &[StateID], bottom: bool) -> 
         node = arena.nodes[node as usize].1;
     }
     !bottom || node == BOTTOM
-}
-
-fn add(set: &mut Vec<Config>, config: Config) {
-    if !set.contains(&config) {
-        set.push(config);
-    }
 }
 
 /// A shareable handle to a [`CompiledPushdown`] (matchers share its caches).
@@ -1079,7 +1128,7 @@ impl Matcher for PushdownMatcher {
         let mut track = Track::default();
         for &byte in bytes {
             compiled.closure(&mut self.arena, &mut track, &set, &mut self.scratch);
-            compiled.step(&self.scratch, byte, &mut set);
+            compiled.step(&self.scratch, byte, &mut set, &mut track.dedup);
             if set.is_empty() {
                 return Err(GrammarError::Rejected(token));
             }
@@ -1088,6 +1137,9 @@ impl Matcher for PushdownMatcher {
         set.retain(|c| (self.arena.depth(c.below) as usize) < cap);
         if set.is_empty() {
             return Err(GrammarError::DepthLimit(cap));
+        }
+        if set.len() > MAX_LIVE_PARSES {
+            return Err(GrammarError::TooAmbiguous(MAX_LIVE_PARSES));
         }
         let complete = set.iter().any(|c| self.completable(c));
         self.history.push((set, complete));
