@@ -198,13 +198,17 @@ struct Dedup {
 }
 
 impl Dedup {
-    /// Start on a new list.
+    /// Start on a new list (free when the last list stayed short).
+    #[inline]
     fn reset(&mut self) {
-        self.set.clear();
-        self.synced = 0;
+        if self.synced > 0 {
+            self.set.clear();
+            self.synced = 0;
+        }
     }
 
     /// Push `config` onto `list` unless it is there.
+    #[inline]
     fn add(&mut self, list: &mut Vec<Config>, config: Config) {
         if list.len() < SCAN_DEDUP {
             if !list.contains(&config) {
@@ -672,7 +676,12 @@ impl CompiledPushdown {
     fn closure(&self, arena: &mut Arena, track: &mut Track, set: &[Config], out: &mut Vec<Config>) {
         out.clear();
         out.extend_from_slice(set);
-        let mut dedup = std::mem::take(&mut track.dedup);
+        let Track {
+            chain,
+            min_popped,
+            bottom,
+            dedup,
+        } = track;
         dedup.reset();
         let mut i = 0;
         while i < out.len() {
@@ -696,7 +705,7 @@ impl CompiledPushdown {
                 continue;
             }
             match config.below {
-                BOTTOM => track.bottom = true,
+                BOTTOM => *bottom = true,
                 UNKNOWN => {
                     for &ret in &self.returns[info.rule as usize] {
                         dedup.add(
@@ -711,8 +720,8 @@ impl CompiledPushdown {
                 }
                 node => {
                     let (state, below, depth) = arena.nodes[node as usize];
-                    if track.chain.get(depth as usize) == Some(&node) {
-                        track.min_popped = track.min_popped.min(depth);
+                    if chain.get(depth as usize) == Some(&node) {
+                        *min_popped = (*min_popped).min(depth);
                     }
                     dedup.add(
                         out,
@@ -725,7 +734,6 @@ impl CompiledPushdown {
                 }
             }
         }
-        track.dedup = dedup;
     }
 
     /// Read one text byte from closed configurations.
