@@ -298,6 +298,49 @@ fn sampled_speculation_is_order_independent_and_respects_limits() {
     }
 }
 
+/// Seeded sampling with DSpark drafts gives exactly the tokens and log-probabilities of
+/// seeded sampling without them, for 1, 3 and 5 fixed drafts and budgeted drafts: the output
+/// distribution is the target's (drafts judged against `q = softmax(draft logits)` although
+/// they were the drafter's argmax chain gave other tokens, biased towards the drafts).
+#[test]
+fn sampled_speculation_gives_the_tokens_of_sampling_without_drafts() {
+    let reqs: Vec<Request> = (0..8u64)
+        .map(|i| {
+            let mut p = sampled(31 + i, 16);
+            p.sampling.temperature = [1.0, 0.7, 0.3, 1.3][i as usize % 4];
+            p.sampling.top_k = if i % 2 == 0 { 0 } else { 20 };
+            Request::new(i, prompt(1300 + i, 5 + 4 * i as usize), p)
+        })
+        .collect();
+    let plain = engine(EngineConfig::default())
+        .generate(reqs.clone())
+        .unwrap();
+    let runs = [
+        (1, SpecBudget::Fixed),
+        (3, SpecBudget::Fixed),
+        (5, SpecBudget::Fixed),
+        (5, SpecBudget::Budgeted),
+    ];
+    for (k, budget) in runs {
+        let mut e = engine(EngineConfig {
+            spec_drafts: k,
+            spec_budget: budget,
+            ..EngineConfig::default()
+        });
+        let spec = e.generate(reqs.clone()).unwrap();
+        let m = e.metrics();
+        assert!(m.spec_rows > 0 && m.draft_tokens > 0, "{m:?}");
+        for (a, b) in plain.iter().zip(&spec) {
+            assert_eq!(
+                (&a.token_ids, &a.logprobs),
+                (&b.token_ids, &b.logprobs),
+                "request {} with {k} drafts ({budget:?})",
+                a.id
+            );
+        }
+    }
+}
+
 #[test]
 fn greedy_with_budgeted_drafts_equals_greedy_without() {
     let reqs: Vec<Request> = (0..8u64)

@@ -14,6 +14,15 @@
 //! * greedy: draft `i` is accepted when it equals the best-ranked token of
 //!   `p_i`; the first mismatch emits that token; all accepted adds the best
 //!   token of position `position + n`.
+//! * match (drafts that are a function of the context, such as a drafter's
+//!   argmax chain): position `position + i` draws its token exactly as
+//!   [`crate::sample`] would (same stream, same history with the accepted
+//!   drafts appended), and draft `i` is accepted iff it equals that token.
+//!   The tokens are the ones sampling without drafts gives, token for token,
+//!   so the output distribution is the target's at every temperature
+//!   (greedy included: temperature 0 takes the sampler's clamped path, ties
+//!   too). A draft `d` is accepted with probability `p(d)`: what rejection
+//!   sampling against the point mass `q = δ_d` gives.
 //!
 //! The guard `exp(-5e-5)` scales `q` down by 0.005 %, so the residual
 //! `p - q * c` keeps positive mass even when `q` was rounded to sum slightly
@@ -39,7 +48,8 @@ use crate::logits::{LogitValue, Row, mask_words};
 use crate::params::SamplingParams;
 use crate::rng::{DrawKind, PhiloxStream};
 use crate::sampler::{
-    DistInfo, FUSED_ABOVE, Scratch, distribution, draw, filter_listed, fixed_logprob, gather_row,
+    DistInfo, FUSED_ABOVE, SampleRequest, Sampler, Scratch, distribution, draw, filter_listed,
+    fixed_logprob, gather_row,
 };
 
 /// `exp(-5e-5)` as the `f64` with bits `0x3FEF_FF97_2520_1F4A`: the factor
@@ -52,9 +62,15 @@ pub enum VerifyMode {
     /// Accept a draft iff it is the target's best token.
     Greedy,
     /// Rejection sampling: the output follows the target distribution
-    /// whatever the draft distribution.
+    /// whatever the draft distribution, provided the drafts were drawn from
+    /// the `draft_probs` given.
     #[default]
     Stochastic,
+    /// Drafts that are a deterministic function of the context (argmax
+    /// drafts): each position samples as [`crate::sample`] does and a draft
+    /// is accepted iff it equals the sampled token, so the tokens equal
+    /// those of sampling without drafts. `draft_probs` is not read.
+    Match,
 }
 
 /// One row to verify.
@@ -94,6 +110,10 @@ pub struct VerifyOutput {
     /// Log-probability of each token under the filtered target distribution
     /// of its position (fixed point, `ln(w / W)`).
     pub logprobs: Vec<f32>,
+    /// Each token's best alternatives as [`crate::SampleOutput::top_logprobs`]
+    /// reports them ([`SamplingParams::top_logprobs`] of them), in
+    /// [`VerifyMode::Match`]; empty lists in the other modes.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
 /// Residual weight of a survivor: `w - min(w, floor((q * RESIDUAL_GUARD) * W))`
@@ -146,6 +166,8 @@ pub struct Verifier {
     history: Vec<u32>,
     residual: Vec<Cand>,
     fused_above: usize,
+    /// The sampler of [`VerifyMode::Match`] (same fused threshold).
+    sampler: Sampler,
 }
 
 impl Default for Verifier {
@@ -189,6 +211,7 @@ impl Verifier {
             history: Vec::new(),
             residual: Vec::new(),
             fused_above: candidates,
+            sampler: Sampler::with_fused_above(candidates),
         }
     }
 
@@ -206,6 +229,14 @@ impl Verifier {
         if let Some(m) = req.masks {
             check_len("masks", (n + 1) * mask_words(v), m.len())?;
         }
+        if req.mode == VerifyMode::Match {
+            for &t in req.draft_tokens {
+                if t as usize >= v {
+                    return Err(SampleError::TokenOutOfRange { token: t, vocab: v });
+                }
+            }
+            return self.verify_match(req);
+        }
         let q = match (req.mode, req.draft_probs) {
             (VerifyMode::Stochastic, None) => {
                 return Err(SampleError::DraftLengthMismatch {
@@ -218,7 +249,7 @@ impl Verifier {
                 check_len("draft probabilities", n * v, q.len())?;
                 Some(q)
             }
-            (VerifyMode::Greedy, None) => None,
+            (_, None) => None,
         };
         for &t in req.draft_tokens {
             if t as usize >= v {
@@ -229,14 +260,54 @@ impl Verifier {
             accepted: 0,
             tokens: Vec::with_capacity(n + 1),
             logprobs: Vec::with_capacity(n + 1),
+            top_logprobs: Vec::with_capacity(n + 1),
         };
         for i in 0..=n {
             let step = self.step(req, q, i)?;
             out.tokens.push(step.token);
             out.logprobs.push(step.logprob);
+            out.top_logprobs.push(Vec::new());
             if !step.accepted {
                 break;
             }
+            out.accepted += 1;
+        }
+        Ok(out)
+    }
+
+    /// [`VerifyMode::Match`]: sample each position as [`crate::sample`]
+    /// does until a draft differs from its position's token.
+    fn verify_match<L: LogitValue>(
+        &mut self,
+        req: &VerifyRequest<'_, L>,
+    ) -> Result<VerifyOutput, SampleError> {
+        let n = req.draft_tokens.len();
+        let v = req.vocab;
+        let words = mask_words(v);
+        let mut out = VerifyOutput {
+            accepted: 0,
+            tokens: Vec::with_capacity(n + 1),
+            logprobs: Vec::with_capacity(n + 1),
+            top_logprobs: Vec::with_capacity(n + 1),
+        };
+        self.history.clear();
+        self.history.extend_from_slice(req.history);
+        for i in 0..=n {
+            let s = self.sampler.sample(&SampleRequest {
+                logits: &req.target_logits[i * v..(i + 1) * v],
+                mask: req.masks.map(|m| &m[i * words..(i + 1) * words]),
+                history: &self.history,
+                position: req.position.wrapping_add(i as u64),
+                params: req.params,
+            })?;
+            let accepted = i < n && s.token == req.draft_tokens[i];
+            out.tokens.push(s.token);
+            out.logprobs.push(s.logprob);
+            out.top_logprobs.push(s.top_logprobs);
+            if !accepted {
+                break;
+            }
+            self.history.push(req.draft_tokens[i]);
             out.accepted += 1;
         }
         Ok(out)
@@ -349,7 +420,7 @@ impl Verifier {
         if i == n {
             let bonus = match req.mode {
                 VerifyMode::Greedy => info.top,
-                VerifyMode::Stochastic => {
+                VerifyMode::Stochastic | VerifyMode::Match => {
                     let mut st = PhiloxStream::for_draw(params.seed, pos, DrawKind::Sample);
                     draw(cands, info.total, &mut st)
                 }

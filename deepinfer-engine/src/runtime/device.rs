@@ -13,7 +13,7 @@ use super::request::GenParams;
 use crate::{BatchItem, Logits, Model, SeqState};
 use deepinfer_kernels::Backend;
 use deepinfer_recipe::grammar::Matcher;
-use deepinfer_sample::{SampleRequest, VerifyMode, VerifyRequest, sample_batch, verify};
+use deepinfer_sample::{SampleRequest, VerifyMode, VerifyRequest, sample_batch, verify_batch};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,9 +38,9 @@ pub(crate) struct NextDraft {
     /// State position and anchor token they were drafted from.
     pub pos: usize,
     pub anchor: u32,
+    /// The drafter's argmax chain: a function of the context, which is what
+    /// [`VerifyMode::Match`] needs to keep the output distribution exact.
     pub ids: Vec<u32>,
-    /// Draft distributions (stochastic verification only), `ids.len() * vocab`.
-    pub q: Option<Vec<f32>>,
 }
 
 /// The parts of a request that travel to the device with each step and come back.
@@ -152,7 +152,6 @@ fn ms_since(t: Instant) -> f64 {
 struct Scratch<T> {
     /// Drafts appended to `rows` (verified by this step).
     drafts: usize,
-    q: Option<Vec<f32>>,
     /// Pre-draft state, restored when a draft is rejected.
     snap: Option<SeqState<T>>,
     masks: Option<Vec<u32>>,
@@ -180,7 +179,6 @@ where
         .iter()
         .map(|_| Scratch {
             drafts: 0,
-            q: None,
             snap: None,
             masks: None,
             grammar_k: 0,
@@ -199,30 +197,21 @@ where
         };
         let td = Instant::now();
         let anchor = s.dev.rows[0];
-        let stochastic = s.fx.params.sampling.temperature > 0.0;
-        let (ids, q) = match s.dev.next_draft.take() {
+        let ids = match s.dev.next_draft.take() {
             Some(nd) if nd.pos == state.pos && nd.anchor == anchor && !nd.ids.is_empty() => {
                 let k = s.drafts.min(nd.ids.len());
-                (
-                    nd.ids[..k].to_vec(),
-                    nd.q.map(|mut q| {
-                        q.truncate(k * v);
-                        q
-                    }),
-                )
+                nd.ids[..k].to_vec()
             }
             _ => {
                 let d = model.draft(state, anchor)?;
                 let k = s.drafts.min(d.draft_ids.len());
-                let q = stochastic.then(|| softmax_rows(&d.logits, v, k));
-                (d.draft_ids[..k].to_vec(), q)
+                d.draft_ids[..k].to_vec()
             }
         };
         // No room in the global pool for the rollback snapshot: verify nothing this step.
         if let Ok(snap) = state.try_clone() {
             x.snap = Some(snap);
             x.drafts = ids.len();
-            x.q = q;
             st.draft_tokens += ids.len() as u64;
             st.spec_rows += 1;
             if let Some(m) = s.dev.matcher.as_mut() {
@@ -273,30 +262,36 @@ where
         )?;
     }
 
-    // Verify drafts (fixed length: each row's path depends on its own data only).
+    // Verify drafts: every position samples exactly as a plain decode row would and a
+    // draft is kept iff it equals that token (the drafts are the drafter's argmax chain,
+    // a function of the context), so outputs equal those without drafts, greedy or seeded.
     let tv = Instant::now();
     let mut rerun = vec![None; seqs.len()];
-    for (i, (s, x)) in seqs.iter_mut().zip(sc.iter_mut()).enumerate() {
-        if x.drafts == 0 {
-            continue;
-        }
-        let sp = &s.fx.params.sampling;
-        let req = VerifyRequest {
-            target_logits: x.logits.as_slice(),
-            vocab: v,
-            draft_tokens: &s.dev.rows[1..],
-            draft_probs: x.q.as_deref(),
-            masks: x.masks.as_deref(),
-            history: &s.dev.hist,
-            position: s.to as u64,
-            params: sp,
-            mode: if sp.temperature <= 0.0 {
-                VerifyMode::Greedy
-            } else {
-                VerifyMode::Stochastic
-            },
-        };
-        let vo = verify(&req)?;
+    let spec_at: Vec<usize> = (0..seqs.len()).filter(|&i| sc[i].drafts > 0).collect();
+    let verified = {
+        let reqs: Vec<VerifyRequest<'_, f32>> = spec_at
+            .iter()
+            .map(|&i| {
+                let s = &seqs[i];
+                let x = &sc[i];
+                VerifyRequest {
+                    target_logits: x.logits.as_slice(),
+                    vocab: v,
+                    draft_tokens: &s.dev.rows[s.dev.rows.len() - x.drafts..],
+                    draft_probs: None,
+                    masks: x.masks.as_deref(),
+                    history: &s.dev.hist,
+                    position: s.to as u64,
+                    params: &s.fx.params.sampling,
+                    mode: VerifyMode::Match,
+                }
+            })
+            .collect();
+        verify_batch(&reqs)
+    };
+    for (&i, vo) in spec_at.iter().zip(verified) {
+        let vo = vo?;
+        let (s, x) = (&mut seqs[i], &mut sc[i]);
         st.accepted_drafts += vo.accepted as u64;
         if vo.accepted < x.drafts {
             // Back to the pre-draft state; the accepted prefix is re-run below.
@@ -305,9 +300,10 @@ where
         }
         x.toks = vo
             .tokens
-            .iter()
-            .zip(&vo.logprobs)
-            .map(|(&t, &lp)| (t, lp, Vec::new()))
+            .into_iter()
+            .zip(vo.logprobs)
+            .zip(vo.top_logprobs)
+            .map(|((t, lp), top)| (t, lp, top))
             .collect();
     }
     st.sample_ms += ms_since(tv);
@@ -517,7 +513,6 @@ where
         return Vec::new();
     };
     let n = cfg.spec_drafts.min(d.draft_ids.len());
-    let q = (s.fx.params.sampling.temperature > 0.0).then(|| softmax_rows(&d.logits, cfg.vocab, n));
     let confs = d.confidence[..n]
         .iter()
         .map(|&c| {
@@ -532,7 +527,6 @@ where
         pos: st.pos,
         anchor,
         ids: d.draft_ids[..n].to_vec(),
-        q,
     });
     confs
 }
@@ -576,15 +570,4 @@ fn draft_masks(
         }
     }
     (masks, k)
-}
-
-/// Softmax of the first `rows` rows of `[_, v]` logits (the draft distributions).
-fn softmax_rows(logits: &[f32], v: usize, rows: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows * v);
-    for r in logits.chunks_exact(v).take(rows) {
-        let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let z: f64 = r.iter().map(|&x| ((x - m) as f64).exp()).sum();
-        out.extend(r.iter().map(|&x| (((x - m) as f64).exp() / z) as f32));
-    }
-    out
 }

@@ -84,9 +84,10 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Most prefix model-state snapshots kept (LRU).
     pub prefix_state_capacity: usize,
-    /// DSpark drafts verified per decode row (fixed-length verification, so a request's path
-    /// does not depend on its batch-mates); 0 turns speculation off. Needs a model with the
+    /// DSpark drafts verified per decode row; 0 turns speculation off. Needs a model with the
     /// drafter; at most its block size. With [`SpecBudget::Budgeted`] the most per row.
+    /// Verification samples every position as plain decoding does and keeps a draft iff it
+    /// equals that token, so outputs (greedy or seeded) are those without drafts.
     pub spec_drafts: usize,
     /// Fixed drafts per row, or a per-step budget from the `deepinfer-spec` planner.
     pub spec_budget: SpecBudget,
@@ -109,14 +110,15 @@ pub struct EngineConfig {
 /// How many drafts each decode row verifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SpecBudget {
-    /// Every decode row verifies `spec_drafts` drafts: fixed-length verification, so a
-    /// request's sampling path does not depend on its batch-mates (deterministic mode).
+    /// Every decode row verifies `spec_drafts` drafts (fixed-length verification: the work
+    /// per row does not depend on its batch-mates).
     #[default]
     Fixed,
     /// The `deepinfer-spec` planner splits a step's rows between requests (0 ..= `spec_drafts`
     /// each) from the drafter's confidences and a step-time model calibrated at start-up and
-    /// corrected online from the measured step times. Greedy outputs stay exact; sampled
-    /// paths may depend on batch-mates.
+    /// corrected online from the measured step times. Tokens are the same as with fixed
+    /// drafts or none (verification keeps only drafts equal to the sampled token); only the
+    /// work per step changes.
     Budgeted,
 }
 
