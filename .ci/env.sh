@@ -7,3 +7,11 @@ if [ -x "$_nvrtc_home/venv/bin/python" ]; then
 fi
 export DEEPINFER_REQUIRE_NVRTC=1
 unset _nvrtc_home _nvrtc_lib
+# The OpenAI and Anthropic SDKs of .ci/setup-python-sdk.sh for deepinfer-engine's
+# tests/server_sdk.rs, made mandatory.
+_sdk_home=${DEEPINFER_SDK_HOME:-$HOME/.cache/deepinfer-sdk}
+if [ -x "$_sdk_home/venv/bin/python" ]; then
+  export DEEPINFER_SDK_PYTHON="$_sdk_home/venv/bin/python"
+fi
+export DEEPINFER_REQUIRE_SDK=1
+unset _sdk_home

@@ -12,6 +12,8 @@ pub mod names;
 pub mod quant;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod weights;
 
 pub use config::{ModelConfig, ModelKind};

@@ -4,10 +4,16 @@
 pub mod backend;
 #[cfg(feature = "runtime")]
 pub mod bench;
+#[cfg(feature = "server")]
+pub mod bench_serve;
+#[cfg(feature = "runtime")]
+pub mod engine_args;
 pub mod forward_bench;
 #[cfg(feature = "runtime")]
 pub mod generate;
 pub mod score;
+#[cfg(feature = "server")]
+pub mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -35,6 +41,12 @@ pub enum Command {
     /// Offline throughput at several concurrencies: table, JSON and SVG chart.
     #[cfg(feature = "runtime")]
     Bench(bench::BenchArgs),
+    /// Serve the model over OpenAI- and Anthropic-compatible HTTP.
+    #[cfg(feature = "server")]
+    Serve(serve::ServeArgs),
+    /// Replay a prompt set against an OpenAI-compatible server at rising arrival rates.
+    #[cfg(feature = "server")]
+    BenchServe(bench_serve::BenchServeArgs),
 }
 
 /// Errors of the command line, printed as one line.
@@ -50,5 +62,9 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Generate(a) => generate::run(&a),
         #[cfg(feature = "runtime")]
         Command::Bench(a) => bench::run(&a),
+        #[cfg(feature = "server")]
+        Command::Serve(a) => serve::run(&a),
+        #[cfg(feature = "server")]
+        Command::BenchServe(a) => bench_serve::run(&a),
     }
 }

@@ -91,7 +91,9 @@ where
         let host_thread = d(|m| m.sched_ms) + d(|m| m.build_ms) + d(|m| m.post_ms);
         let host = host_thread + d(|m| m.sample_ms) + d(|m| m.grammar_ms);
         let wall_ms = (wall * 1e3).max(1e-9);
-        let rows = (m1.spec_rows - m0.spec_rows) as f64;
+        // Over every decode row, not only those that verified drafts (budgeted speculation
+        // gives some rows none).
+        let rows = (m1.decode_rows - m0.decode_rows) as f64;
         let p = BenchPoint {
             concurrency: c,
             total_tok_s: generated as f64 / wall.max(1e-9),

@@ -6,7 +6,9 @@ use crate::config::ModelKind;
 use deepinfer_recipe::grammar::{
     GrammarCache, GrammarSpec, GrammarVocab, RegexBackend, dsml_tool_calls_regex,
 };
+use deepinfer_recipe::protocol::anthropic::MessagesRequest;
 use deepinfer_recipe::protocol::chat::ChatRequest;
+use deepinfer_recipe::protocol::responses;
 use deepinfer_recipe::protocol::{
     ConversionOptions, ModelSpec, OutputConstraint, ParsingOptions, Protocol, RequestError,
     ThinkingStart,
@@ -43,11 +45,21 @@ pub enum ChatError {
 impl ChatError {
     /// The error body in the OpenAI shape.
     pub fn to_json(&self) -> Value {
+        self.to_json_for(Protocol::ChatCompletions)
+    }
+
+    /// The error body in the shape of `protocol` (OpenAI's, or Anthropic's for Messages).
+    pub fn to_json_for(&self, protocol: Protocol) -> Value {
         match self {
-            ChatError::Request(e) => e.to_json(Protocol::ChatCompletions),
-            ChatError::Encode(m) | ChatError::Grammar(m) => {
-                json!({"error": {"message": m, "type": "invalid_request_error", "param": null, "code": "invalid_request_error"}})
-            }
+            ChatError::Request(e) => e.to_json(protocol),
+            ChatError::Encode(m) | ChatError::Grammar(m) => match protocol {
+                Protocol::AnthropicMessages => {
+                    json!({"type": "error", "error": {"type": "invalid_request_error", "message": m}})
+                }
+                _ => {
+                    json!({"error": {"message": m, "type": "invalid_request_error", "param": null, "code": "invalid_request_error"}})
+                }
+            },
         }
     }
 }
@@ -61,8 +73,15 @@ pub struct PreparedChat {
     pub model: String,
     /// Thinking mode (the response then carries `reasoning_content`).
     pub thinking: bool,
+    /// The output starts inside the reasoning block (a streamed response opens with
+    /// `reasoning_content`).
+    pub starts_in_reasoning: bool,
     /// Prompt tokens.
     pub prompt_tokens: usize,
+    /// The body asked for a streamed response.
+    pub stream: bool,
+    /// A streamed response ends with a usage chunk (`stream_options.include_usage`).
+    pub include_usage: bool,
 }
 
 /// Converts chat bodies for one model.
@@ -219,6 +238,18 @@ impl ChatFrontend {
         first_id: RequestId,
         default_seed: u64,
     ) -> Result<PreparedChat, ChatError> {
+        self.prepare_as(Protocol::ChatCompletions, body, first_id, default_seed)
+    }
+
+    /// Convert a body of `protocol` (Chat Completions, Responses or Anthropic Messages) as
+    /// [`ChatFrontend::prepare`] does.
+    pub fn prepare_as(
+        &self,
+        protocol: Protocol,
+        body: &Value,
+        first_id: RequestId,
+        default_seed: u64,
+    ) -> Result<PreparedChat, ChatError> {
         let model = body
             .get("model")
             .and_then(Value::as_str)
@@ -236,8 +267,12 @@ impl ChatFrontend {
                 supports_images: false,
             },
         );
-        let chat = ChatRequest::from_json(&body.to_string())?;
-        let conv = chat.convert(&options)?;
+        let text = body.to_string();
+        let conv = match protocol {
+            Protocol::ChatCompletions => ChatRequest::from_json(&text)?.convert(&options)?,
+            Protocol::Responses => responses::convert_request(&text, &options)?,
+            Protocol::AnthropicMessages => MessagesRequest::from_json(&text)?.convert(&options)?,
+        };
         let rendered = Renderer::new(self.format).render(&conv.conversation);
         let prompt = self
             .tokenizer
@@ -286,7 +321,13 @@ impl ChatFrontend {
             requests,
             model,
             thinking: conv.parsing.thinking.is_some(),
+            starts_in_reasoning: matches!(
+                conv.parsing.thinking,
+                Some(ThinkingStart::ReasoningStart | ThinkingStart::ReasoningContinuation)
+            ),
             prompt_tokens: prompt.len(),
+            stream: conv.stream,
+            include_usage: conv.include_usage,
         })
     }
 

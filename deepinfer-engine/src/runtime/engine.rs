@@ -199,6 +199,8 @@ pub struct Metrics {
     pub accepted_drafts: u64,
     /// Decode rows that verified drafts.
     pub spec_rows: u64,
+    /// Decode rows, with or without drafts (the denominator of tokens per decode row).
+    pub decode_rows: u64,
     /// Time in the model's forward, ms.
     pub forward_ms: f64,
     /// Time in the sampler and draft verification, ms.
@@ -248,6 +250,18 @@ pub enum StreamEvent {
         /// Text delta.
         delta: String,
     },
+    /// A stream-parser event of one of the request's samples (answer or reasoning text,
+    /// tool-call start, arguments and end, finish), in order: what a protocol's streaming
+    /// renderer (`deepinfer_recipe::protocol`) consumes. Every `Text` and `Reasoning` event
+    /// also comes as one of these.
+    Parsed {
+        /// The request.
+        id: RequestId,
+        /// Which of its `n` samples.
+        index: usize,
+        /// The event.
+        event: Event,
+    },
     /// The request finished.
     Finished(Box<Output>),
 }
@@ -258,7 +272,8 @@ impl StreamEvent {
         match self {
             StreamEvent::Token { id, .. }
             | StreamEvent::Text { id, .. }
-            | StreamEvent::Reasoning { id, .. } => *id,
+            | StreamEvent::Reasoning { id, .. }
+            | StreamEvent::Parsed { id, .. } => *id,
             StreamEvent::Finished(o) => o.id,
         }
     }
@@ -521,49 +536,24 @@ where
 
     /// Whether a request can run on this engine (prompt, vocabulary, limits, parameters).
     pub fn check_request(&self, r: &Request) -> Result<(), EngineError> {
-        let bad = |reason: String| EngineError::InvalidRequest { id: r.id, reason };
-        let v = self.model.cfg.vocab_size;
-        if r.prompt.is_empty() {
-            return Err(bad("empty prompt".into()));
+        self.limits().check(r)
+    }
+
+    /// A check of requests against this engine's limits that outlives the borrow (for a
+    /// front end on another thread).
+    pub fn request_checker(
+        &self,
+    ) -> impl Fn(&Request) -> Result<(), EngineError> + Send + Sync + 'static {
+        let limits = self.limits();
+        move |r| limits.check(r)
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            vocab: self.model.cfg.vocab_size,
+            max_model_len: self.cfg.max_model_len,
+            kv_tokens: self.cfg.num_blocks * self.cfg.block_size,
         }
-        if let Some(t) = r.prompt.iter().find(|&&t| t as usize >= v) {
-            return Err(bad(format!(
-                "prompt token {t} outside the vocabulary ({v})"
-            )));
-        }
-        if r.params.max_tokens == 0 {
-            return Err(bad("max_tokens must be at least 1".into()));
-        }
-        if r.prompt.len() >= self.cfg.max_model_len {
-            return Err(bad(format!(
-                "prompt of {} tokens exceeds the context limit of {}",
-                r.prompt.len(),
-                self.cfg.max_model_len
-            )));
-        }
-        if r.prompt.len() + 1 > self.cfg.num_blocks * self.cfg.block_size {
-            return Err(bad(format!(
-                "prompt of {} tokens exceeds the KV pool of {} tokens",
-                r.prompt.len(),
-                self.cfg.num_blocks * self.cfg.block_size
-            )));
-        }
-        r.params
-            .sampling
-            .validate()
-            .map_err(|e| bad(e.to_string()))?;
-        if r.params.n == 0 {
-            return Err(bad("n must be at least 1".into()));
-        }
-        if let Some(g) = &r.grammar
-            && g.vocab_size > v
-        {
-            return Err(bad(format!(
-                "the grammar's vocabulary ({}) is larger than the model's ({v})",
-                g.vocab_size
-            )));
-        }
-        Ok(())
     }
 
     /// Add a checked request to the scheduler: one sequence, or for `n > 1` a fork group (a
@@ -716,7 +706,17 @@ where
     pub fn generate_stream(
         &mut self,
         requests: Vec<Request>,
-        mut on_event: impl FnMut(&StreamEvent) -> bool,
+        on_event: impl FnMut(&StreamEvent) -> bool,
+    ) -> Result<(), EngineError> {
+        self.drive(requests, &mut Offline(on_event))
+    }
+
+    /// Run the step loop for `requests` and whatever `driver` submits between steps, until
+    /// the driver closes and no request is left.
+    pub(crate) fn drive(
+        &mut self,
+        requests: Vec<Request>,
+        driver: &mut dyn Driver,
     ) -> Result<(), EngineError> {
         let t0 = Instant::now();
         let mut live: HashMap<u64, Live<B::Tensor>> = HashMap::new();
@@ -727,7 +727,7 @@ where
         // Overlap needs a free pool thread for the device loop: a caller that is itself a
         // rayon worker (it could hold the only one) runs in order.
         if !self.cfg.overlap || rayon::current_thread_index().is_some() {
-            return self.step_loop(&mut live, None, t0, &mut on_event);
+            return self.step_loop(&mut live, None, t0, driver);
         }
         let model = self.model.clone();
         let jcfg = self.job_cfg();
@@ -737,20 +737,29 @@ where
             // The device loop lives on one thread of rayon's pool for the whole call, so a
             // step costs one hand-over each way (host → loop, loop → host), as the in-order
             // loop's `on_pool` does, and the forward's parallel loops start from inside the pool.
+            // A driver that waits for work between requests (online) runs the loop on a
+            // thread of its own instead: parked on the pool it would hold a worker while
+            // idle, and engines sharing the pool could hold every worker.
+            let park = driver.park_on_pool();
             scope.spawn(move || {
-                on_pool(move || {
+                let device_loop = move || {
                     for job in job_rx {
                         if res_tx.send(run_job(&model, &jcfg, job)).is_err() {
                             break;
                         }
                     }
-                })
+                };
+                if park {
+                    on_pool(device_loop)
+                } else {
+                    device_loop()
+                }
             });
             let worker = Worker { jobs, results };
             // Debug mode: any device read on this thread fails loudly from here on.
             let _phase = self.cfg.sync_check.then(LaunchPhase::enter);
             // `worker` drops at the end of this closure: its channel closes, the loop ends.
-            self.step_loop(&mut live, Some(&worker), t0, &mut on_event)
+            self.step_loop(&mut live, Some(&worker), t0, driver)
         })
     }
 
@@ -771,7 +780,7 @@ where
         live: &mut HashMap<u64, Live<B::Tensor>>,
         worker: Option<&Worker<B::Tensor>>,
         t0: Instant,
-        on_event: &mut dyn FnMut(&StreamEvent) -> bool,
+        driver: &mut dyn Driver,
     ) -> Result<(), EngineError> {
         let overlap = worker.is_some();
         let jcfg = self.job_cfg();
@@ -787,8 +796,24 @@ where
                 std::mem::swap(&mut plan, &mut ahead);
                 have_ahead = false;
             } else {
+                driver.observe(
+                    self.sched.num_running(),
+                    self.sched.num_waiting(),
+                    &self.metrics(),
+                );
                 if self.sched.is_idle() {
-                    break;
+                    // Report the last step before waiting for more work.
+                    if let Some(p) = post.take() {
+                        self.post_process(p, live, t0, driver)?;
+                    }
+                    if !self.take_commands(driver, live, t0, true) {
+                        break;
+                    }
+                    if self.sched.is_idle() {
+                        continue;
+                    }
+                } else {
+                    self.take_commands(driver, live, t0, false);
                 }
                 let ts = Instant::now();
                 {
@@ -813,6 +838,7 @@ where
                 continue;
             }
             self.metrics.steps += 1;
+            self.metrics.decode_rows += plan.decode.len() as u64;
             let tb = Instant::now();
             let (job, drain) = {
                 let _span = tracing::debug_span!("build").entered();
@@ -833,8 +859,10 @@ where
                     // the next plan (not when this step forks: a fork needs its parent
                     // out of flight).
                     if let Some(p) = post.take() {
-                        self.post_process(p, live, t0, on_event)?;
+                        self.post_process(p, live, t0, driver)?;
                     }
+                    // New requests and aborts join before the next plan is made.
+                    self.take_commands(driver, live, t0, false);
                     if !drain && !self.sched.is_idle() {
                         let ts = Instant::now();
                         {
@@ -897,7 +925,8 @@ where
                     out.push_with_confidences(sid, &ids, false, &s.confs);
                     step_toks.push((sid, s.toks));
                 } else {
-                    let r = parse_tokens(l, &s.toks, now, &mut self.metrics, on_event);
+                    let r =
+                        parse_tokens(l, &s.toks, now, &mut self.metrics, &mut |e| driver.event(e));
                     if r.abort {
                         aborts.push(sid);
                     }
@@ -936,12 +965,12 @@ where
                         finished.push(f);
                     }
                 }
-                finish_all(finished, live, t0, on_event);
+                finish_all(finished, live, t0, &mut |e| driver.event(e));
                 self.metrics.post_ms += ms_since(tp);
             }
         }
         if let Some(p) = post.take() {
-            self.post_process(p, live, t0, on_event)?;
+            self.post_process(p, live, t0, driver)?;
         }
         Ok(())
     }
@@ -953,9 +982,10 @@ where
         p: Post,
         live: &mut HashMap<u64, Live<B::Tensor>>,
         t0: Instant,
-        on_event: &mut dyn FnMut(&StreamEvent) -> bool,
+        driver: &mut dyn Driver,
     ) -> Result<(), EngineError> {
         let tp = Instant::now();
+        let on_event = &mut |e: &StreamEvent| driver.event(e);
         let _span = tracing::debug_span!("parse").entered();
         let now = ms_since(t0);
         let mut finished = p.finished;
@@ -1078,6 +1108,162 @@ where
     }
 }
 
+/// What a request must fit: the vocabulary, the context limit and the KV pool.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    vocab: usize,
+    max_model_len: usize,
+    kv_tokens: usize,
+}
+
+impl Limits {
+    fn check(&self, r: &Request) -> Result<(), EngineError> {
+        let bad = |reason: String| EngineError::InvalidRequest { id: r.id, reason };
+        let v = self.vocab;
+        if r.prompt.is_empty() {
+            return Err(bad("empty prompt".into()));
+        }
+        if let Some(t) = r.prompt.iter().find(|&&t| t as usize >= v) {
+            return Err(bad(format!(
+                "prompt token {t} outside the vocabulary ({v})"
+            )));
+        }
+        if r.params.max_tokens == 0 {
+            return Err(bad("max_tokens must be at least 1".into()));
+        }
+        if r.prompt.len() >= self.max_model_len {
+            return Err(bad(format!(
+                "prompt of {} tokens exceeds the context limit of {}",
+                r.prompt.len(),
+                self.max_model_len
+            )));
+        }
+        if r.prompt.len() + 1 > self.kv_tokens {
+            return Err(bad(format!(
+                "prompt of {} tokens exceeds the KV pool of {} tokens",
+                r.prompt.len(),
+                self.kv_tokens
+            )));
+        }
+        r.params
+            .sampling
+            .validate()
+            .map_err(|e| bad(e.to_string()))?;
+        if r.params.n == 0 {
+            return Err(bad("n must be at least 1".into()));
+        }
+        if let Some(g) = &r.grammar
+            && g.vocab_size > v
+        {
+            return Err(bad(format!(
+                "the grammar's vocabulary ({}) is larger than the model's ({v})",
+                g.vocab_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What the step loop serves: where events go and, between steps, what joins or leaves.
+pub(crate) trait Driver {
+    /// An event of a request; `false` aborts the request.
+    fn event(&mut self, ev: &StreamEvent) -> bool;
+    /// Commands that arrived since the last call; with `wait`, block until one does.
+    /// `None`: no more will come (the loop ends once no request is left).
+    fn poll(&mut self, wait: bool) -> Option<Vec<Command>>;
+    /// A submitted request could not be admitted.
+    fn rejected(&mut self, id: RequestId, err: EngineError);
+    /// The scheduler's queue lengths and the engine's counters, before each plan.
+    fn observe(&mut self, running: usize, waiting: usize, metrics: &Metrics);
+    /// Whether the device loop may live on a thread of rayon's pool for the whole run.
+    fn park_on_pool(&self) -> bool {
+        true
+    }
+}
+
+/// A command to the step loop from outside (see [`super::online`]).
+pub(crate) enum Command {
+    /// Admit a request (its id unique among live ones).
+    Submit(Box<Request>),
+    /// End a request now; it finishes as [`FinishReason::Aborted`].
+    Abort(RequestId),
+    /// End every live request now.
+    AbortAll,
+}
+
+/// The offline driver: a fixed set of requests, events to a callback.
+struct Offline<F>(F);
+
+impl<F: FnMut(&StreamEvent) -> bool> Driver for Offline<F> {
+    fn event(&mut self, ev: &StreamEvent) -> bool {
+        (self.0)(ev)
+    }
+    fn poll(&mut self, _wait: bool) -> Option<Vec<Command>> {
+        None
+    }
+    fn rejected(&mut self, _id: RequestId, _err: EngineError) {}
+    fn observe(&mut self, _running: usize, _waiting: usize, _metrics: &Metrics) {}
+}
+
+impl<B: Backend> Engine<B>
+where
+    B::Tensor: Clone,
+{
+    /// Apply the driver's commands; `false` when it has closed.
+    fn take_commands(
+        &mut self,
+        driver: &mut dyn Driver,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+        t0: Instant,
+        wait: bool,
+    ) -> bool {
+        let Some(cmds) = driver.poll(wait) else {
+            return false;
+        };
+        for c in cmds {
+            match c {
+                Command::Submit(r) => {
+                    let r = *r;
+                    let id = r.id;
+                    if let Err(e) = self.check_request(&r).and_then(|()| self.admit(r, live)) {
+                        driver.rejected(id, e);
+                    }
+                }
+                Command::Abort(id) => self.abort_user(&[id], live, t0, driver),
+                Command::AbortAll => {
+                    let mut ids: Vec<RequestId> = live.values().map(|l| l.user_id).collect();
+                    ids.sort_unstable();
+                    ids.dedup();
+                    self.abort_user(&ids, live, t0, driver);
+                }
+            }
+        }
+        true
+    }
+
+    /// End the live samples of requests `ids` (their blocks go back to the pool now; a row
+    /// of theirs in flight is ignored when it returns).
+    fn abort_user(
+        &mut self,
+        ids: &[RequestId],
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+        t0: Instant,
+        driver: &mut dyn Driver,
+    ) {
+        let mut sids: Vec<u64> = live
+            .iter()
+            .filter(|(_, l)| ids.contains(&l.user_id))
+            .map(|(&sid, _)| sid)
+            .collect();
+        sids.sort_unstable();
+        let finished: Vec<Finished> = sids
+            .into_iter()
+            .filter_map(|sid| self.sched.abort(sid).ok())
+            .collect();
+        finish_all(finished, live, t0, &mut |e| driver.event(e));
+    }
+}
+
 /// The device worker's two channels (overlapped scheduling).
 struct Worker<T> {
     jobs: mpsc::Sender<Job<T>>,
@@ -1182,7 +1368,7 @@ fn finish_all<T>(
         let Some(l) = live.remove(&f.id) else {
             continue;
         };
-        let o = finish(l, f, ms_since(t0));
+        let o = finish(l, f, ms_since(t0), on_event);
         on_event(&StreamEvent::Finished(Box::new(o)));
     }
 }
@@ -1271,6 +1457,11 @@ fn apply_events<T>(
 ) -> bool {
     let mut keep = true;
     for ev in evs {
+        keep &= on_event(&StreamEvent::Parsed {
+            id: l.user_id,
+            index: l.index,
+            event: ev.clone(),
+        });
         match ev {
             Event::Content(t) => {
                 keep &= on_event(&StreamEvent::Text {
@@ -1302,7 +1493,14 @@ fn apply_events<T>(
     keep
 }
 
-fn finish<T>(mut l: Live<T>, f: Finished, now_ms: f64) -> Output {
+/// The output of a finished request; the parser's last events (text it held back, the
+/// finish) go to `on_event` first.
+fn finish<T>(
+    mut l: Live<T>,
+    f: Finished,
+    now_ms: f64,
+    on_event: &mut dyn FnMut(&StreamEvent) -> bool,
+) -> Output {
     // A stop sequence seen after the next step was launched ends the request by abort.
     let reason = if l.stopped && f.reason == SchedFinish::Aborted {
         SchedFinish::Stop
@@ -1316,7 +1514,7 @@ fn finish<T>(mut l: Live<T>, f: Finished, now_ms: f64) -> Output {
     };
     if let Some(parser) = l.parser.take() {
         let evs = parser.finish(backend);
-        apply_events(&mut l, evs, &mut |_| true);
+        apply_events(&mut l, evs, on_event);
     }
     let finish_reason = match (reason, l.parse_finish) {
         (SchedFinish::Aborted, _) => FinishReason::Aborted,

@@ -9,6 +9,7 @@ pub mod chat;
 pub mod default_model;
 mod device;
 pub mod engine;
+pub mod online;
 mod prefix;
 pub mod request;
 
@@ -16,6 +17,7 @@ pub use batch::{BatchSummary, SAMPLE_BATCH, run_batch};
 pub use chat::{ChatError, ChatFrontend, PreparedChat};
 pub use default_model::{DEFAULT_SEED, default_model_dir, load_default, materialize_default};
 pub use engine::{Engine, EngineConfig, EngineError, Metrics, SpecBudget, StreamEvent};
+pub use online::{EventSink, OnlineEngine, OnlineStats, SubmitError};
 pub use request::{
     FinishReason, GenParams, GrammarConstraint, Output, Request, RequestId, Timing, TokenLogprob,
     ToolCallOut, Usage,

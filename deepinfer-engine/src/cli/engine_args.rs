@@ -1,0 +1,187 @@
+//! The model and engine flags `generate` and `serve` share, and the engine they build.
+
+use super::backend::BackendArg;
+use crate::model::Model;
+use crate::runtime::{
+    ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, default_model_dir, materialize_default,
+};
+use clap::Args;
+use deepinfer_kernels::{Backend, CpuConfig};
+use deepinfer_recipe::PromptTokenizer;
+use std::path::{Path, PathBuf};
+
+/// The model and the engine settings.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// Model directory (config.json, weights, engram_token_map.json for V4.1, optionally
+    /// tokenizer.json). Default: the embedded tiny V4.1 model with random weights.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// `max_tokens` for requests that do not set it.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Base of the per-request seeds of requests that do not set one (line number mixed in).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Deterministic mode: batch-invariant kernels (a request's tokens and log-probabilities do
+    /// not depend on its batch-mates or the batch order).
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Thinking mode for requests that do not say.
+    #[arg(long)]
+    pub thinking: bool,
+    /// KV pool size in blocks.
+    #[arg(long, default_value_t = 4096)]
+    pub num_blocks: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Most sequences per step.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Most tokens per step.
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// DSpark drafts verified per decode step (fixed-length verification; 0 = off; the model
+    /// needs the drafter, as the embedded default has).
+    #[arg(long, default_value_t = 0)]
+    pub spec_drafts: usize,
+    /// `fixed`: every decode row verifies `--spec-drafts` (deterministic); `budgeted`: the
+    /// draft planner splits each step's rows from the drafter's confidences and the measured
+    /// step times (at most `--spec-drafts` per row).
+    #[arg(long, value_enum, default_value_t = SpecBudgetArg::Fixed)]
+    pub spec_budget: SpecBudgetArg,
+    /// Disable prefix caching.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Run every step in order instead of overlapping the host work (parsing the last
+    /// step, planning the next) with the device work of the current one.
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Debug: fail loudly if the host thread reads device results while a step computes.
+    #[arg(long)]
+    pub sync_check: bool,
+    /// Compute backend: `cpu` (default) or `cuda` (GPU 0; needs a build with the `cuda`
+    /// feature, the CUDA driver and libnvrtc at run time).
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+}
+
+/// `--spec-budget` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpecBudgetArg {
+    /// Fixed drafts per decode row.
+    Fixed,
+    /// Draft rows planned per step.
+    Budgeted,
+}
+
+impl From<SpecBudgetArg> for crate::runtime::SpecBudget {
+    fn from(a: SpecBudgetArg) -> Self {
+        match a {
+            SpecBudgetArg::Fixed => Self::Fixed,
+            SpecBudgetArg::Budgeted => Self::Budgeted,
+        }
+    }
+}
+
+/// The tokenizer for a model directory: its `tokenizer.json`, else the vendored DeepSeek V4 one.
+fn tokenizer_for(dir: Option<&Path>, vocab: usize) -> Result<PromptTokenizer, String> {
+    let tok = match dir.map(|d| d.join("tokenizer.json")).filter(|p| p.exists()) {
+        Some(p) => {
+            let bytes =
+                std::fs::read(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            PromptTokenizer::from_json_bytes(&bytes).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        None => PromptTokenizer::deepseek_v4().map_err(|e| e.to_string())?,
+    };
+    if tok.vocab_size() > vocab {
+        return Err(format!(
+            "the tokenizer has {} tokens but the model only {vocab}; put a matching tokenizer.json in the model directory",
+            tok.vocab_size()
+        ));
+    }
+    Ok(tok)
+}
+
+/// A loaded engine with its chat front end.
+pub struct Loaded<B: Backend> {
+    /// The engine (tokenizer attached).
+    pub engine: Engine<B>,
+    /// Chat bodies to requests and back.
+    pub front: ChatFrontend,
+    /// What was loaded, for the user.
+    pub label: String,
+    /// Load time, s.
+    pub load_s: f64,
+}
+
+impl EngineArgs {
+    /// The CPU backend's settings.
+    pub fn cpu_config(&self) -> CpuConfig {
+        CpuConfig {
+            batch_invariant: self.deterministic,
+            threads: self.threads,
+        }
+    }
+
+    /// The engine configuration these flags give.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            num_blocks: self.num_blocks,
+            block_size: self.block_size,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            prefix_caching: !self.no_prefix_cache,
+            spec_drafts: self.spec_drafts,
+            spec_budget: self.spec_budget.into(),
+            overlap: !self.no_overlap,
+            sync_check: self.sync_check,
+            ..EngineConfig::default()
+        }
+    }
+
+    /// Load the model (or make the embedded default), its tokenizer and the engine.
+    pub fn load<B: Backend>(
+        &self,
+        be: B,
+    ) -> Result<Loaded<B>, Box<dyn std::error::Error + Send + Sync>>
+    where
+        B::Tensor: Clone,
+    {
+        let t_load = std::time::Instant::now();
+        let (model, label) = match &self.model {
+            Some(dir) => (Model::load(dir, be)?, dir.display().to_string()),
+            None => {
+                let dir = default_model_dir(DEFAULT_SEED);
+                if !dir.join("model.safetensors").exists() {
+                    eprintln!(
+                        "creating the embedded default model (seed {DEFAULT_SEED:#x}) in {}",
+                        dir.display()
+                    );
+                }
+                let dir = materialize_default(&dir, DEFAULT_SEED)?;
+                (
+                    Model::load(&dir, be)?,
+                    "embedded default (tiny deepseek_v41, RANDOM weights: its text is not meaningful)"
+                        .to_string(),
+                )
+            }
+        };
+        let tok = tokenizer_for(self.model.as_deref(), model.cfg.vocab_size)?;
+        let mut front = ChatFrontend::new(tok, model.kind());
+        front.default_max_tokens = self.max_tokens;
+        front.default_thinking = self.thinking;
+        let engine =
+            Engine::new(model, self.engine_config())?.with_tokenizer(front.tokenizer().clone());
+        Ok(Loaded {
+            engine,
+            front,
+            label,
+            load_s: t_load.elapsed().as_secs_f64(),
+        })
+    }
+}
