@@ -193,3 +193,41 @@ fn backend_cuda_without_a_gpu_is_one_error_line() {
         );
     }
 }
+
+#[test]
+fn generate_writes_the_run_figures_with_metrics_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = deepinfer(
+        dir.path(),
+        &[
+            "generate",
+            "--metrics-json",
+            "m.json",
+            "--max-tokens",
+            "8",
+            "--step-time-budget-ms",
+            "50",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("m.json")).unwrap()).unwrap();
+    let n = |v: &serde_json::Value| v.as_f64().unwrap();
+    assert!(n(&m["prompt_tokens"]) > 0.0);
+    assert_eq!(
+        n(&m["computed_prompt_tokens"]) + n(&m["cached_tokens"]["device"]),
+        n(&m["prompt_tokens"])
+    );
+    assert!(n(&m["generated_tokens"]) > 0.0);
+    let s = &m["step_ms"];
+    assert!(0.0 < n(&s["p50"]) && n(&s["p50"]) <= n(&s["p99"]) && n(&s["p99"]) <= n(&s["max"]));
+    let k = &m["kv_blocks"];
+    assert!(0.0 < n(&k["peak"]) && n(&k["peak"]) <= n(&k["total"]));
+    for key in ["replayed_tokens", "preemptions"] {
+        assert!(m[key].is_u64(), "{key}");
+    }
+}

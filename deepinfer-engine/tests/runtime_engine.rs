@@ -377,3 +377,46 @@ fn greedy_with_budgeted_drafts_equals_greedy_without() {
         assert_eq!(o.token_ids.len(), 10);
     }
 }
+
+/// Time-budgeted chunked prefill changes how a long prompt is cut into steps, never the
+/// tokens: with a budget far below one step's time the prompt goes through in
+/// `min_chunk_tokens` pieces (many more steps), and every output equals the unbudgeted one.
+#[test]
+fn time_budgeted_prefill_cuts_chunks_but_not_tokens() {
+    let mut reqs: Vec<Request> = (0..4u64)
+        .map(|i| Request::new(i, prompt(40 + i, 8), GenParams::greedy(12)))
+        .collect();
+    reqs.push(Request::new(9, prompt(99, 700), GenParams::greedy(6)));
+    let mut plain = engine(EngineConfig::default());
+    let a = plain.generate(reqs.clone()).unwrap();
+    let mut budgeted = engine(EngineConfig {
+        step_time_budget_ms: Some(1e-3),
+        ..EngineConfig::default()
+    });
+    let b = budgeted.generate(reqs).unwrap();
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.token_ids, y.token_ids, "request {}", x.id);
+    }
+    let (s0, s1) = (plain.metrics().steps, budgeted.metrics().steps);
+    assert!(
+        s1 >= s0 + 700 / 64 - 2,
+        "steps {s0} without the budget, {s1} with"
+    );
+}
+
+#[test]
+fn an_impossible_step_time_budget_is_a_configuration_error() {
+    let model = Model::load(&fixture(), CpuBackend::batch_invariant()).unwrap();
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let e = Engine::new(
+            Model::load(&fixture(), CpuBackend::batch_invariant()).unwrap(),
+            EngineConfig {
+                step_time_budget_ms: Some(bad),
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("step_time_budget_ms"), "{e}");
+    }
+    drop(model);
+}

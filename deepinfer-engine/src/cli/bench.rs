@@ -45,6 +45,13 @@ pub struct BenchArgs {
     /// Debug: fail loudly if the host thread reads device results while a step computes.
     #[arg(long)]
     pub sync_check: bool,
+    /// Write the run's engine figures (prompt, computed and cached tokens, preemptions,
+    /// step-time percentiles, KV blocks) to this JSON file.
+    #[arg(long)]
+    pub metrics_json: Option<PathBuf>,
+    /// Time-budgeted chunked prefill (see `generate --step-time-budget-ms`).
+    #[arg(long)]
+    pub step_time_budget_ms: Option<f64>,
     /// Output prefix: writes PREFIX.json and PREFIX.svg.
     #[arg(long, default_value = "deepinfer-bench")]
     pub output: PathBuf,
@@ -76,6 +83,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
         spec_budget: a.spec_budget.into(),
         overlap: !a.no_overlap,
         sync_check: a.sync_check,
+        step_time_budget_ms: a.step_time_budget_ms,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(model, cfg)?;
@@ -114,6 +122,9 @@ pub fn run(a: &BenchArgs) -> CliResult {
         &svg_path,
         bench_svg(&points, &format!("deepinfer offline decode, {label}, CPU")),
     )?;
+    if let Some(p) = &a.metrics_json {
+        write(p, serde_json::to_string_pretty(&engine.metrics_json())?)?;
+    }
     println!("wrote {} and {}", json_path.display(), svg_path.display());
     Ok(())
 }

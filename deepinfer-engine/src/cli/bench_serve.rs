@@ -31,7 +31,9 @@ pub struct BenchServeArgs {
     /// Requests per point.
     #[arg(long, default_value_t = 64)]
     pub requests: usize,
-    /// Prompt tokens per request (half the prompts share their first three quarters).
+    /// Prompt tokens per request. Half the prompts share their first three quarters across
+    /// every point (a server with a prefix cache serves that part from it after the first
+    /// point); the other half are new at each point.
     #[arg(long, default_value_t = 64)]
     pub prompt_len: usize,
     /// New tokens per request (`ignore_eos`, so every request generates them all).
@@ -91,11 +93,14 @@ impl Rng {
     }
 }
 
-fn prompts(a: &BenchServeArgs) -> Vec<Vec<u32>> {
-    let mut r = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+/// The prompts of point `point`.
+fn prompts(a: &BenchServeArgs, point: u64) -> Vec<Vec<u32>> {
     let vocab = u64::from(a.vocab.max(20));
-    let mut tok = move || (r.next() % (vocab - 10)) as u32 + 10;
-    let shared: Vec<u32> = (0..a.prompt_len * 3 / 4).map(|_| tok()).collect();
+    let mut shared_rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let shared: Vec<u32> = (0..a.prompt_len * 3 / 4)
+        .map(|_| (shared_rng.next() % (vocab - 10)) as u32 + 10)
+        .collect();
+    let mut r = Rng((a.seed ^ (point + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)) | 1);
     (0..a.requests)
         .map(|i| {
             let mut p = if i % 2 == 0 {
@@ -104,7 +109,7 @@ fn prompts(a: &BenchServeArgs) -> Vec<Vec<u32>> {
                 Vec::new()
             };
             while p.len() < a.prompt_len.max(1) {
-                p.push(tok());
+                p.push((r.next() % (vocab - 10)) as u32 + 10);
             }
             p
         })
@@ -129,13 +134,13 @@ pub fn run(a: &BenchServeArgs) -> CliResult {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let prompts = Arc::new(prompts(a));
     let mut points = Vec::new();
     rt.block_on(async {
         // Warm-up: one request, so the first point does not pay for lazy set-up.
-        let _ = one(&addr, a, &prompts[0]).await;
+        let _ = one(&addr, a, &prompts(a, u64::MAX)[0]).await;
         if !a.concurrency.is_empty() {
-            for &c in &a.concurrency {
+            for (k, &c) in a.concurrency.iter().enumerate() {
+                let prompts = Arc::new(prompts(a, k as u64));
                 let t0 = Instant::now();
                 let samples = closed_loop(&addr, a, &prompts, c.max(1)).await;
                 let p = point(a, json!({"concurrency": c}), &samples, t0.elapsed());
@@ -147,17 +152,21 @@ pub fn run(a: &BenchServeArgs) -> CliResult {
         let auto = a.rates.is_empty();
         let mut rates = if auto { vec![1.0] } else { a.rates.clone() };
         let mut i = 0;
+        let mut first_ttft = None;
         while i < rates.len() {
             let rate = rates[i];
+            let prompts = Arc::new(prompts(a, i as u64));
             let t0 = Instant::now();
             let samples = open_loop(&addr, a, &prompts, rate).await;
-            let wall = t0.elapsed();
-            let p = point(a, json!({"rate": rate}), &samples, wall);
+            let p = point(a, json!({"rate": rate}), &samples, t0.elapsed());
             eprintln!("{}", line(&p));
-            let achieved = p["request_throughput"].as_f64().unwrap_or(0.0);
+            let ttft = p["all"]["ttft_ms"]["p50"].as_f64().unwrap_or(f64::INFINITY);
+            let goodput = p["all"]["goodput"].as_f64().unwrap_or(0.0);
+            let base = *first_ttft.get_or_insert(ttft);
             points.push(p);
-            // Saturated: the server no longer keeps up with the offered rate.
-            if auto && achieved >= 0.8 * rate && rate < 256.0 {
+            // Saturated: queueing dominates the first token, or most requests miss the SLOs.
+            let saturated = ttft > (10.0 * base).max(a.slo_ttft_ms) || goodput < 0.5;
+            if auto && !saturated && rate < 256.0 {
                 rates.push(rate * 2.0);
             }
             i += 1;

@@ -51,6 +51,11 @@ pub struct EngineArgs {
     /// step times (at most `--spec-drafts` per row).
     #[arg(long, value_enum, default_value_t = SpecBudgetArg::Fixed)]
     pub spec_budget: SpecBudgetArg,
+    /// Time-budgeted chunked prefill: each step prefills what the calibrated cost model
+    /// predicts to fit this many milliseconds with the step's decode rows (keeps decode
+    /// latency bounded while long prompts arrive). Default: token budget only.
+    #[arg(long)]
+    pub step_time_budget_ms: Option<f64>,
     /// Disable prefix caching.
     #[arg(long)]
     pub no_prefix_cache: bool,
@@ -140,6 +145,7 @@ impl EngineArgs {
             spec_budget: self.spec_budget.into(),
             overlap: !self.no_overlap,
             sync_check: self.sync_check,
+            step_time_budget_ms: self.step_time_budget_ms,
             ..EngineConfig::default()
         }
     }

@@ -25,6 +25,10 @@ pub struct GenerateArgs {
     /// Output JSONL (default ./deepinfer-output.jsonl; with --prompt, nothing is written unless given).
     #[arg(long)]
     pub output: Option<PathBuf>,
+    /// Write the run's figures (prompt, computed, cached and replayed tokens, preemptions,
+    /// step-time percentiles, KV blocks) to this JSON file.
+    #[arg(long)]
+    pub metrics_json: Option<PathBuf>,
     /// The model and the engine.
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -167,6 +171,10 @@ where
             1.0 + m.accepted_drafts as f64 / m.spec_rows as f64,
             m.draft_ms
         );
+    }
+    if let Some(path) = &a.metrics_json {
+        let text = serde_json::to_string_pretty(&engine.metrics_json())?;
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     if let Some(path) = out_path {
         println!("outputs written to {}", path.display());

@@ -59,8 +59,9 @@ use deepinfer_recipe::protocol::ParsingOptions;
 use deepinfer_recipe::{PromptTokenizer, StreamParser};
 use deepinfer_sample::SampleError;
 use deepinfer_sched::{
-    FinishReason as SchedFinish, Finished, NewRequest, SchedError, Scheduler, SchedulerConfig,
-    SpecMode, StepOutput, StepPlan,
+    CoefficientBounds, CostCoefficients, FinishReason as SchedFinish, Finished, NewRequest,
+    PrefillCostModel, SchedError, Scheduler, SchedulerConfig, SpecMode, StepFeatures, StepOutput,
+    StepPlan, StepSample,
 };
 use deepinfer_spec::{Planner, PlannerConfig, Search, StepTimeModel};
 use std::collections::HashMap;
@@ -105,6 +106,12 @@ pub struct EngineConfig {
     /// prefix snapshots). When it runs out, snapshots are skipped (recomputed instead) and a
     /// forward that cannot grow fails with [`ModelError::GlobalCacheFull`].
     pub global_cache_blocks: Option<usize>,
+    /// Time-budgeted chunked prefill: each step prefills the largest chunks the scheduler's
+    /// cost model `cost(q, c)` predicts to fit this many milliseconds together with the
+    /// step's decode rows (at least `min_chunk_tokens` when nothing else runs). The model
+    /// is fitted from a short calibration at start-up and refitted online from the measured
+    /// step times. `None`: chunks are bounded by the token budget only.
+    pub step_time_budget_ms: Option<f64>,
 }
 
 /// How many drafts each decode row verifies.
@@ -137,6 +144,42 @@ impl Default for EngineConfig {
             overlap: true,
             sync_check: false,
             global_cache_blocks: None,
+            step_time_budget_ms: None,
+        }
+    }
+}
+
+/// How many recent step times [`Engine::step_times`] summarises.
+pub const STEP_HISTORY: usize = 65_536;
+
+/// Step wall-time percentiles, ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// Steps summarised.
+    pub steps: usize,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Slowest.
+    pub max: f64,
+}
+
+impl StepTimes {
+    /// The percentiles of `ms` (nearest rank).
+    pub fn of(ms: &[f32]) -> Self {
+        if ms.is_empty() {
+            return Self::default();
+        }
+        let mut v = ms.to_vec();
+        v.sort_by(f32::total_cmp);
+        let at =
+            |q: f64| f64::from(v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]);
+        Self {
+            steps: v.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            max: at(1.0),
         }
     }
 }
@@ -183,6 +226,8 @@ pub struct Metrics {
     pub forward_tokens: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
+    /// Prompt tokens of admitted requests (once per request, whatever its `n`).
+    pub prompt_tokens: u64,
     /// Prompt tokens the scheduler served from the prefix cache (first admissions).
     pub cached_prompt_tokens: u64,
     /// Resumes (prefix hits, re-admissions) whose state came from a snapshot.
@@ -322,6 +367,10 @@ pub struct Engine<B: Backend> {
     tokenizer: Option<Arc<PromptTokenizer>>,
     prefix: PrefixStates<B::Tensor>,
     metrics: Metrics,
+    /// Recent step wall times, ms (the last [`STEP_HISTORY`] at most).
+    step_times: Vec<f32>,
+    /// Most KV blocks in use at once.
+    kv_peak: usize,
     next_sid: u64,
 }
 
@@ -398,6 +447,8 @@ where
             tokenizer: None,
             prefix,
             metrics: Metrics::default(),
+            step_times: Vec::new(),
+            kv_peak: 0,
             next_sid: 0,
             cfg,
         })
@@ -419,9 +470,23 @@ where
                 (n, SpecBudget::Fixed) => SpecMode::Fixed(n),
                 (n, SpecBudget::Budgeted) => SpecMode::Budgeted { max_drafts: n },
             },
+            step_time_budget: cfg.step_time_budget_ms,
+            min_chunk_tokens: SchedulerConfig::default()
+                .min_chunk_tokens
+                .min(cfg.max_num_batched_tokens),
             ..SchedulerConfig::default()
         };
-        let sched = Scheduler::new(sc, kv)?;
+        if let Some(ms) = cfg.step_time_budget_ms
+            && !(ms.is_finite() && ms > 0.0)
+        {
+            return Err(EngineError::Config(format!(
+                "step_time_budget_ms must be a positive number of milliseconds, not {ms}"
+            )));
+        }
+        let mut sched = Scheduler::new(sc, kv)?;
+        if cfg.step_time_budget_ms.is_some() {
+            sched = sched.with_cost_model(calibrate_prefill(model, cfg)?);
+        }
         Ok(
             if cfg.spec_drafts > 0 && cfg.spec_budget == SpecBudget::Budgeted {
                 let planner = Planner::new(
@@ -472,6 +537,41 @@ where
     /// The configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// The recent step wall times, ms, oldest first.
+    pub fn step_time_history(&self) -> &[f32] {
+        &self.step_times
+    }
+
+    /// Percentiles of the recent step wall times.
+    pub fn step_times(&self) -> StepTimes {
+        StepTimes::of(&self.step_times)
+    }
+
+    /// The run's figures as `--metrics-json` writes them. The cache tiers below the device
+    /// pool (host window states, the persistent store) are not wired into the engine yet, so
+    /// their counts are 0.
+    pub fn metrics_json(&self) -> serde_json::Value {
+        let m = self.metrics();
+        let st = self.step_times();
+        let (total, peak) = self.kv_blocks();
+        serde_json::json!({
+            "prompt_tokens": m.prompt_tokens,
+            "computed_prompt_tokens": m.prompt_tokens.saturating_sub(m.cached_prompt_tokens),
+            "cached_tokens": {"device": m.cached_prompt_tokens, "host": 0, "disk": 0},
+            "replayed_tokens": m.replayed_tokens,
+            "generated_tokens": m.generated_tokens,
+            "preemptions": m.preemptions,
+            "steps": m.steps,
+            "step_ms": {"p50": st.p50, "p99": st.p99, "max": st.max},
+            "kv_blocks": {"total": total, "peak": peak},
+        })
+    }
+
+    /// KV blocks of the pool, and the most in use at once so far.
+    pub fn kv_blocks(&self) -> (usize, usize) {
+        (self.sched.kv().pool().num_blocks(), self.kv_peak)
     }
 
     /// Run every request to completion; outputs in request order. Any invalid request fails
@@ -564,6 +664,7 @@ where
         r: Request,
         live: &mut HashMap<u64, Live<B::Tensor>>,
     ) -> Result<(), EngineError> {
+        self.metrics.prompt_tokens += r.prompt.len() as u64;
         let eos = self.model.cfg.eos_token_id.map(|e| e as u32);
         let mut stop_tokens = r.params.stop_token_ids.clone();
         if r.params.stop_at_eos
@@ -887,6 +988,12 @@ where
                 }
             }?;
             let step_ms = ms_since(launched);
+            if self.step_times.len() >= 2 * STEP_HISTORY {
+                self.step_times.drain(..STEP_HISTORY);
+            }
+            self.step_times.push(step_ms as f32);
+            let pool = self.sched.kv().pool();
+            self.kv_peak = self.kv_peak.max(pool.num_blocks() - pool.num_free());
             self.add_stats(&done.stats);
 
             // The step's tokens → the scheduler (without overlap, parsed first so a stop
@@ -1428,6 +1535,74 @@ where
     }
     points.push((max_rows, base + slope * max_rows as f64));
     StepTimeModel::linear(&points).map_err(|e| EngineError::Config(format!("step-time model: {e}")))
+}
+
+/// The prefill cost model `cost(q, c)`, fitted from timed forward calls over a fresh state:
+/// chunks of several lengths from position 0 and a chunk after a cached prefix, plus decode
+/// rows. It is only a starting point: the scheduler refits it from every measured step.
+fn calibrate_prefill<B: Backend>(
+    model: &Model<B>,
+    cfg: &EngineConfig,
+) -> Result<PrefillCostModel, EngineError>
+where
+    B::Tensor: Clone,
+{
+    let cap = cfg
+        .max_num_batched_tokens
+        .min(cfg.max_model_len.saturating_sub(1))
+        .max(2);
+    let toks: Vec<u32> = (0..2 * cap as u32).map(|i| 3 + i % 64).collect();
+    // Best of two: the time of `q` tokens after `c` already in the state.
+    let time = |q: usize, c: usize| -> Result<f64, EngineError> {
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let mut st = model.new_state();
+            if c > 0 {
+                model.forward(
+                    &mut [BatchItem {
+                        state: &mut st,
+                        tokens: &toks[..c],
+                    }],
+                    Logits::Last,
+                    None,
+                )?;
+            }
+            let t = Instant::now();
+            model.forward(
+                &mut [BatchItem {
+                    state: &mut st,
+                    tokens: &toks[c..c + q],
+                }],
+                Logits::Last,
+                None,
+            )?;
+            best = best.min(ms_since(t));
+        }
+        Ok(best.max(1e-3))
+    };
+    let mut points = vec![(1, 0), (cap / 8, 0), (cap / 2, 0), (cap, 0)];
+    points.push(((cap / 4).max(1), cap / 2));
+    points.push((1, cap));
+    let mut samples = Vec::new();
+    for (q, c) in points {
+        let q = q.max(1);
+        samples.push(StepSample {
+            features: StepFeatures::of_chunk(q, c),
+            time: time(q, c)?,
+        });
+    }
+    let bounds = CoefficientBounds::default();
+    let coef = PrefillCostModel::fit(&samples, bounds).unwrap_or_else(|_| {
+        // Too little variation to separate the terms: a linear guess from the longest chunk.
+        let t = samples.iter().map(|s| s.time).fold(0.0, f64::max);
+        CostCoefficients {
+            a: 0.0,
+            b: t / cap as f64,
+            d: samples[0].time,
+        }
+    });
+    PrefillCostModel::new(coef, bounds, 0.98)
+        .map_err(|e| EngineError::Config(format!("prefill cost model: {e}")))
 }
 
 /// The prefix-hit rule: the last window (plus the speculative slack) is always recomputed.

@@ -16,7 +16,9 @@ pub mod request;
 pub use batch::{BatchSummary, SAMPLE_BATCH, run_batch};
 pub use chat::{ChatError, ChatFrontend, PreparedChat};
 pub use default_model::{DEFAULT_SEED, default_model_dir, load_default, materialize_default};
-pub use engine::{Engine, EngineConfig, EngineError, Metrics, SpecBudget, StreamEvent};
+pub use engine::{
+    Engine, EngineConfig, EngineError, Metrics, STEP_HISTORY, SpecBudget, StepTimes, StreamEvent,
+};
 pub use online::{EventSink, OnlineEngine, OnlineStats, SubmitError};
 pub use request::{
     FinishReason, GenParams, GrammarConstraint, Output, Request, RequestId, Timing, TokenLogprob,
