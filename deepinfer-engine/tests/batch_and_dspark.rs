@@ -241,3 +241,38 @@ fn speculative_greedy_equals_plain_greedy() {
         eprintln!("{p}: {steps} verify steps, {accepted} drafts accepted");
     }
 }
+
+/// One drafter pass over several sequences (different context lengths, so different window
+/// lengths) gives, with the batch-invariant kernels, exactly each sequence's own draft.
+#[test]
+fn batched_drafts_equal_single_drafts() {
+    let dir = data("v41-tiny-dev");
+    let m = Model::load(&dir, CpuBackend::batch_invariant()).unwrap();
+    let g = golden("v41-tiny-dev");
+    let mut states = Vec::new();
+    let mut anchors = Vec::new();
+    for i in 0..4 {
+        let ids = g[&format!("p{i}.input_ids")].ids();
+        let mut st = m.new_state();
+        let cut = ids.len() - i;
+        m.forward(
+            &mut [BatchItem {
+                state: &mut st,
+                tokens: &ids[..cut],
+            }],
+            Logits::Last,
+            None,
+        )
+        .unwrap();
+        states.push(st);
+        anchors.push(ids[cut - 1]);
+    }
+    let items: Vec<_> = states.iter().zip(&anchors).map(|(s, &a)| (s, a)).collect();
+    let batched = m.draft_batch(&items).unwrap();
+    assert_eq!(batched.len(), 4);
+    for (k, &(s, a)) in items.iter().enumerate() {
+        let one = m.draft(s, a).unwrap();
+        assert_eq!(one, batched[k], "sequence {k}");
+    }
+    assert!(m.draft_batch(&[]).unwrap().is_empty());
+}

@@ -85,6 +85,16 @@ impl<B: Backend> Model<B> {
     /// Draft one block after the `state.pos` tokens consumed so far; `anchor` is the accepted
     /// token for position `state.pos` (not yet fed to the backbone). The state is not changed.
     pub fn draft(&self, state: &SeqState<B::Tensor>, anchor: u32) -> R<Draft> {
+        self.draft_batch(&[(state, anchor)])?
+            .pop()
+            .ok_or_else(|| ModelError::Input("no draft".into()))
+    }
+
+    /// Draft one block for each `(state, anchor)` in one drafter pass: the blocks' rows are
+    /// stacked (each attends its own context window and block), the Markov correction runs
+    /// position by position over all sequences at once. Row for row the same computation as
+    /// [`Model::draft`], so with batch-invariant kernels the drafts are identical.
+    pub fn draft_batch(&self, items: &[(&SeqState<B::Tensor>, u32)]) -> R<Vec<Draft>> {
         super::sync::check_host_read("Model::draft (draft ids to the host)")?;
         let c = &self.cfg;
         let be = &self.be;
@@ -92,25 +102,38 @@ impl<B: Backend> Model<B> {
             (Some(w), Some(d)) => (w, d),
             _ => return Err(ModelError::Input("this model has no DSpark drafter".into())),
         };
-        if state.pos == 0 || state.dspark_window.iter().any(Option::is_none) {
-            return Err(ModelError::Input(
-                "drafting needs at least one context token".into(),
-            ));
+        for (state, anchor) in items {
+            if state.pos == 0 || state.dspark_window.iter().any(Option::is_none) {
+                return Err(ModelError::Input(
+                    "drafting needs at least one context token".into(),
+                ));
+            }
+            if *anchor as usize >= c.vocab_size {
+                return Err(ModelError::Input(format!(
+                    "anchor {anchor} outside the vocabulary"
+                )));
+            }
         }
-        if anchor as usize >= c.vocab_size {
-            return Err(ModelError::Input(format!(
-                "anchor {anchor} outside the vocabulary"
-            )));
+        if items.is_empty() {
+            return Ok(Vec::new());
         }
         let bsz = ds.block_size;
-        let (h, d, dm, v) = (c.num_heads, c.head_dim, c.hidden_size, c.vocab_size);
+        let n = items.len();
+        let rows = n * bsz;
+        let (h, d, v) = (c.num_heads, c.head_dim, c.vocab_size);
         let eps = c.rms_norm_eps as f32;
-        let pos: Vec<i64> = (0..bsz).map(|i| (state.pos + i) as i64).collect();
-        let mut ids = vec![anchor];
-        ids.extend(std::iter::repeat_n(ds.noise_token_id as u32, bsz - 1));
-        let ids_t = be.upload_i64(&ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), &[bsz])?;
-        let mut x = self.broadcast_streams(&be.gather_rows(&self.w.embed, &ids_t)?, bsz)?;
-        let mut pre = self.one_hot_pre(bsz)?;
+        let pos: Vec<i64> = items
+            .iter()
+            .flat_map(|(st, _)| (0..bsz).map(move |i| (st.pos + i) as i64))
+            .collect();
+        let mut ids = Vec::with_capacity(rows);
+        for (_, anchor) in items {
+            ids.push(*anchor);
+            ids.extend(std::iter::repeat_n(ds.noise_token_id as u32, bsz - 1));
+        }
+        let ids_t = be.upload_i64(&ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), &[rows])?;
+        let mut x = self.broadcast_streams(&be.gather_rows(&self.w.embed, &ids_t)?, rows)?;
+        let mut pre = self.one_hot_pre(rows)?;
         let mut ctx = Ctx {
             segs: Vec::new(),
             states: Vec::new(),
@@ -125,11 +148,11 @@ impl<B: Backend> Model<B> {
         for (j, sw) in dw.stages.iter().enumerate() {
             let ma = self.hc(&x, &sw.hc_attn)?;
             let xin = be.rms_norm(&be.hc_collapse(&x, &pre)?, Some(&sw.attn_norm), eps)?;
-            // attention: ratio-0 table, keys = the stage's context window + all block rows
+            // attention: ratio-0 table, keys = each block's context window + its block rows
             let aw = &sw.attn;
             let qr = be.rms_norm(&be.matmul(&xin, &aw.wq_a)?, Some(&aw.q_norm), eps)?;
             let q = be.rope(
-                &be.reshape(&be.matmul(&qr, &aw.wq_b)?, &[bsz, h, d])?,
+                &be.reshape(&be.matmul(&qr, &aw.wq_b)?, &[rows, h, d])?,
                 &pos,
                 &self.f_main,
                 false,
@@ -141,18 +164,39 @@ impl<B: Backend> Model<B> {
                 false,
             )?;
             let kv = self.cache_quant(kv, FakeQuant::Fp8 { block: 32 })?;
-            let win = state.dspark_window[j]
-                .as_ref()
-                .ok_or_else(|| ModelError::Input("missing drafter context".into()))?;
-            let keys = be.concat(&[win, &kv], 0)?;
-            let nk = keys.shape()[0];
-            let idx: Vec<i64> = (0..bsz).flat_map(|_| 0..nk as i64).collect();
-            let idx = be.upload_i64(&idx, &[bsz, nk])?;
+            let mut parts = Vec::with_capacity(n + 1);
+            let mut wins = Vec::with_capacity(n);
+            let mut off = 0;
+            for (state, _) in items {
+                let w = state.dspark_window[j]
+                    .as_ref()
+                    .ok_or_else(|| ModelError::Input("missing drafter context".into()))?;
+                let len = w.shape()[0];
+                wins.push((off, len));
+                off += len;
+                parts.push(w);
+            }
+            parts.push(&kv);
+            let keys = be.concat(&parts, 0)?;
+            // Row r of block s reads its window, then its block's rows; shorter lists pad.
+            let width = wins.iter().map(|w| w.1).max().unwrap_or(0) + bsz;
+            let mut idx = vec![-1i64; rows * width];
+            for (s, &(wo, wl)) in wins.iter().enumerate() {
+                let keys_of: Vec<i64> = (wo..wo + wl)
+                    .chain(off + s * bsz..off + (s + 1) * bsz)
+                    .map(|k| k as i64)
+                    .collect();
+                for r in 0..bsz {
+                    let at = (s * bsz + r) * width;
+                    idx[at..at + keys_of.len()].copy_from_slice(&keys_of);
+                }
+            }
+            let idx = be.upload_i64(&idx, &[rows, width])?;
             let o = be.sparse_attention(&q, &keys, &idx, &aw.sink, 1.0 / (d as f32).sqrt())?;
             let o = be.rope(&o, &pos, &self.f_main, true)?;
             let g = c.o_groups;
-            let z = be.grouped_matmul(&be.reshape(&o, &[bsz, g, h * d / g])?, &aw.wo_a)?;
-            let a = be.matmul(&be.reshape(&z, &[bsz, g * c.o_lora_rank])?, &aw.wo_b)?;
+            let z = be.grouped_matmul(&be.reshape(&o, &[rows, g, h * d / g])?, &aw.wo_a)?;
+            let a = be.matmul(&be.reshape(&z, &[rows, g * c.o_lora_rank])?, &aw.wo_b)?;
             x = be.hc_expand(&x, &a, &ma.post, &ma.comb)?;
             let mf = self.hc(&x, &sw.hc_ffn)?;
             let fin = be.rms_norm(&be.hc_collapse(&x, &ma.pre)?, Some(&sw.ffn_norm), eps)?;
@@ -164,43 +208,61 @@ impl<B: Backend> Model<B> {
         let base = be.matmul(&be.rms_norm(&hid, Some(&dw.norm), eps)?, &self.w.head)?;
         let base_host = be.download_f32(&base)?;
         let mut logits = base_host.clone();
-        let mut drafted = Vec::with_capacity(bsz);
-        let mut prev = anchor;
-        let mut ms = Vec::with_capacity(bsz);
+        // The Markov correction: position i of every block at once, from each block's
+        // previous token (its anchor, then its own draft).
+        let mut prev: Vec<u32> = items.iter().map(|&(_, a)| a).collect();
+        let mut inputs = vec![0u32; rows];
+        let mut drafted = vec![0u32; rows];
         for i in 0..bsz {
-            let m = be.gather_rows(&dw.markov_embed, &be.upload_i64(&[prev as i64], &[1])?)?; // [1, r]
+            let prev_t =
+                be.upload_i64(&prev.iter().map(|&t| t as i64).collect::<Vec<_>>(), &[n])?;
+            let m = be.gather_rows(&dw.markov_embed, &prev_t)?; // [n, r]
             let corr = be.download_f32(&be.matmul(&m, &dw.markov_head)?)?;
-            let row = &mut logits[i * v..(i + 1) * v];
-            for (o, cval) in row.iter_mut().zip(&corr) {
-                *o += cval;
+            for s in 0..n {
+                let r = s * bsz + i;
+                inputs[r] = prev[s];
+                let row = &mut logits[r * v..(r + 1) * v];
+                for (o, cval) in row.iter_mut().zip(&corr[s * v..(s + 1) * v]) {
+                    *o += cval;
+                }
+                prev[s] = argmax(row) as u32;
+                drafted[r] = prev[s];
             }
-            prev = argmax(row) as u32;
-            drafted.push(prev);
-            ms.push(m);
         }
-        let mrefs: Vec<&B::Tensor> = ms.iter().collect();
-        let mcat = be.concat(&mrefs, 0)?;
+        let inputs_t = be.upload_i64(
+            &inputs.iter().map(|&t| t as i64).collect::<Vec<_>>(),
+            &[rows],
+        )?;
+        let mcat = be.gather_rows(&dw.markov_embed, &inputs_t)?;
         let conf = be.download_f32(&be.matmul(&be.concat(&[&hid, &mcat], 1)?, &dw.confidence)?)?;
-        let _ = dm;
-        let draft_probs = drafted
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                let row = &logits[i * v..(i + 1) * v];
-                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let z: f64 = row.iter().map(|&x| ((x - m) as f64).exp()).sum();
-                (((row[t as usize] - m) as f64).exp() / z) as f32
-            })
-            .collect();
-        Ok(Draft {
-            draft_probs,
-            base_logits: base_host,
-            logits,
-            draft_ids: drafted,
-            confidence: conf.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),
-            confidence_logit: conf,
-            head_hidden: be.download_f32(&hid)?,
-        })
+        let hid_host = be.download_f32(&hid)?;
+        let dm = hid_host.len() / rows;
+        let mut out = Vec::with_capacity(n);
+        for s in 0..n {
+            let rr = s * bsz..(s + 1) * bsz;
+            let lg = logits[rr.start * v..rr.end * v].to_vec();
+            let draft_probs = drafted[rr.clone()]
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| {
+                    let row = &lg[i * v..(i + 1) * v];
+                    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let z: f64 = row.iter().map(|&x| ((x - m) as f64).exp()).sum();
+                    (((row[t as usize] - m) as f64).exp() / z) as f32
+                })
+                .collect();
+            let cl = conf[rr.clone()].to_vec();
+            out.push(Draft {
+                draft_probs,
+                base_logits: base_host[rr.start * v..rr.end * v].to_vec(),
+                logits: lg,
+                draft_ids: drafted[rr.clone()].to_vec(),
+                confidence: cl.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),
+                confidence_logit: cl,
+                head_hidden: hid_host[rr.start * dm..rr.end * dm].to_vec(),
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -187,26 +187,41 @@ where
         })
         .collect();
 
-    // Drafts (DSpark) for decode rows whose state sits at the anchor.
-    for (s, x) in seqs.iter_mut().zip(sc.iter_mut()) {
+    // Drafts (DSpark) for decode rows whose state sits at the anchor: those drafted ahead
+    // last step are reused, the rest drafted in one drafter pass.
+    let td = Instant::now();
+    let mut drafts: Vec<Option<Vec<u32>>> = vec![None; seqs.len()];
+    let mut fresh = Vec::new();
+    for (i, s) in seqs.iter_mut().enumerate() {
         if s.drafts == 0 || s.dev.rows.len() != 1 {
             continue;
         }
         let Some(state) = s.dev.state.as_ref() else {
             continue;
         };
-        let td = Instant::now();
         let anchor = s.dev.rows[0];
-        let ids = match s.dev.next_draft.take() {
+        match s.dev.next_draft.take() {
             Some(nd) if nd.pos == state.pos && nd.anchor == anchor && !nd.ids.is_empty() => {
                 let k = s.drafts.min(nd.ids.len());
-                nd.ids[..k].to_vec()
+                drafts[i] = Some(nd.ids[..k].to_vec());
             }
-            _ => {
-                let d = model.draft(state, anchor)?;
-                let k = s.drafts.min(d.draft_ids.len());
-                d.draft_ids[..k].to_vec()
-            }
+            _ => fresh.push(i),
+        }
+    }
+    if !fresh.is_empty() {
+        let items: Vec<(&SeqState<B::Tensor>, u32)> = fresh
+            .iter()
+            .filter_map(|&i| Some((seqs[i].dev.state.as_ref()?, seqs[i].dev.rows[0])))
+            .collect();
+        for (&i, d) in fresh.iter().zip(model.draft_batch(&items)?) {
+            let k = seqs[i].drafts.min(d.draft_ids.len());
+            drafts[i] = Some(d.draft_ids[..k].to_vec());
+        }
+    }
+    st.draft_ms += ms_since(td);
+    for ((s, x), ids) in seqs.iter_mut().zip(sc.iter_mut()).zip(drafts) {
+        let (Some(ids), Some(state)) = (ids, s.dev.state.as_ref()) else {
+            continue;
         };
         // No room in the global pool for the rollback snapshot: verify nothing this step.
         if let Ok(snap) = state.try_clone() {
@@ -223,7 +238,6 @@ where
             }
             s.dev.rows.extend_from_slice(&ids);
         }
-        st.draft_ms += ms_since(td);
     }
 
     // Forward: first pieces of every plain row group, then the second halves of split
@@ -369,6 +383,7 @@ where
     // Per request: cut after a stop token, advance the matcher, remember the history,
     // draft ahead (budgeted speculation).
     let mut outs = Vec::with_capacity(seqs.len());
+    let mut ahead = Vec::new();
     for (mut s, mut x) in seqs.into_iter().zip(sc) {
         if let Some(j) = x.toks.iter().position(|t| s.fx.stop_tokens.contains(&t.0)) {
             x.toks.truncate(j + 1);
@@ -386,25 +401,32 @@ where
             st.grammar_ms += ms_since(tg);
         }
         s.dev.hist.extend(x.toks.iter().map(|t| t.0));
-        let mut confs = Vec::new();
         if s.draft_ahead
             && let Some(&(anchor, _, _)) = x.toks.last()
             && !s.fx.stop_tokens.contains(&anchor)
         {
             let next_len = s.to + x.toks.len();
-            if next_len.saturating_sub(s.fx.prompt_len) < s.fx.params.max_tokens {
-                let td = Instant::now();
-                confs = draft_ahead(model, cfg, &mut s, anchor, next_len);
-                st.draft_ms += ms_since(td);
+            let at_anchor = s
+                .dev
+                .state
+                .as_ref()
+                .is_some_and(|st| st.pos + 1 == next_len);
+            if at_anchor && next_len.saturating_sub(s.fx.prompt_len) < s.fx.params.max_tokens {
+                ahead.push((outs.len(), anchor));
             }
         }
         outs.push(SeqOut {
             sid: s.sid,
             dev: s.dev,
             toks: x.toks,
-            confs,
+            confs: Vec::new(),
             forced: s.forced,
         });
+    }
+    if !ahead.is_empty() {
+        let td = Instant::now();
+        draft_ahead(model, cfg, &mut outs, &ahead);
+        st.draft_ms += ms_since(td);
     }
     Ok(JobOut {
         seqs: outs,
@@ -493,42 +515,50 @@ where
         .map_or(0, |g| g.block_manager().pool().num_free())
 }
 
-/// Budgeted speculation: draft the next block now (the state has consumed everything but
-/// `anchor`, the last token of this step) and return the drafter's confidences for the
-/// planner; the drafts wait in the request for its next decode row.
+/// Budgeted speculation: draft the next block now, in one drafter pass for every request
+/// of `ahead` (`(index in outs, anchor)`: its state has consumed everything but `anchor`,
+/// the last token of this step), and hand the drafter's confidences to the planner; the
+/// drafts wait in the request for its next decode row. A drafter error drafts nothing.
 fn draft_ahead<B: Backend>(
     model: &Model<B>,
     cfg: &JobCfg,
-    s: &mut JobSeq<B::Tensor>,
-    anchor: u32,
-    next_len: usize,
-) -> Vec<f64>
-where
+    outs: &mut [SeqOut<B::Tensor>],
+    ahead: &[(usize, u32)],
+) where
     B::Tensor: Clone,
 {
-    let Some(st) = s.dev.state.as_ref().filter(|st| st.pos + 1 == next_len) else {
-        return Vec::new();
-    };
-    let Ok(d) = model.draft(st, anchor) else {
-        return Vec::new();
-    };
-    let n = cfg.spec_drafts.min(d.draft_ids.len());
-    let confs = d.confidence[..n]
+    let items: Vec<(&SeqState<B::Tensor>, u32)> = ahead
         .iter()
-        .map(|&c| {
-            if c.is_finite() {
-                f64::from(c).clamp(0.0, 1.0)
-            } else {
-                0.0
-            }
-        })
+        .filter_map(|&(k, a)| Some((outs[k].dev.state.as_ref()?, a)))
         .collect();
-    s.dev.next_draft = Some(NextDraft {
-        pos: st.pos,
-        anchor,
-        ids: d.draft_ids[..n].to_vec(),
-    });
-    confs
+    if items.len() != ahead.len() {
+        return;
+    }
+    let Ok(drafts) = model.draft_batch(&items) else {
+        return;
+    };
+    for (&(k, anchor), d) in ahead.iter().zip(drafts) {
+        let n = cfg.spec_drafts.min(d.draft_ids.len());
+        let o = &mut outs[k];
+        let Some(pos) = o.dev.state.as_ref().map(|st| st.pos) else {
+            continue;
+        };
+        o.confs = d.confidence[..n]
+            .iter()
+            .map(|&c| {
+                if c.is_finite() {
+                    f64::from(c).clamp(0.0, 1.0)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        o.dev.next_draft = Some(NextDraft {
+            pos,
+            anchor,
+            ids: d.draft_ids[..n].to_vec(),
+        });
+    }
 }
 
 /// Fill `mask` from the matcher; when the grammar allows nothing (it cannot complete), allow
