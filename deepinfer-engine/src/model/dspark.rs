@@ -90,11 +90,22 @@ impl<B: Backend> Model<B> {
             .ok_or_else(|| ModelError::Input("no draft".into()))
     }
 
+    /// [`Model::draft_batch`] keeping only what a runtime reads: draft ids, confidences
+    /// and head hiddens (`base_logits`, `logits` and `draft_probs` come back empty, and the
+    /// full-vocabulary softmax of every row is not computed).
+    pub fn draft_ids_batch(&self, items: &[(&SeqState<B::Tensor>, u32)]) -> R<Vec<Draft>> {
+        self.draft_rows(items, false)
+    }
+
     /// Draft one block for each `(state, anchor)` in one drafter pass: the blocks' rows are
     /// stacked (each attends its own context window and block), the Markov correction runs
     /// position by position over all sequences at once. Row for row the same computation as
     /// [`Model::draft`], so with batch-invariant kernels the drafts are identical.
     pub fn draft_batch(&self, items: &[(&SeqState<B::Tensor>, u32)]) -> R<Vec<Draft>> {
+        self.draft_rows(items, true)
+    }
+
+    fn draft_rows(&self, items: &[(&SeqState<B::Tensor>, u32)], full: bool) -> R<Vec<Draft>> {
         super::sync::check_host_read("Model::draft (draft ids to the host)")?;
         let c = &self.cfg;
         let be = &self.be;
@@ -206,8 +217,8 @@ impl<B: Backend> Model<B> {
         }
         let hid = be.hc_collapse(&x, &pre)?;
         let base = be.matmul(&be.rms_norm(&hid, Some(&dw.norm), eps)?, &self.w.head)?;
-        let base_host = be.download_f32(&base)?;
-        let mut logits = base_host.clone();
+        let mut logits = be.download_f32(&base)?;
+        let base_host = if full { logits.clone() } else { Vec::new() };
         // The Markov correction: position i of every block at once, from each block's
         // previous token (its anchor, then its own draft).
         let mut prev: Vec<u32> = items.iter().map(|&(_, a)| a).collect();
@@ -240,21 +251,32 @@ impl<B: Backend> Model<B> {
         let mut out = Vec::with_capacity(n);
         for s in 0..n {
             let rr = s * bsz..(s + 1) * bsz;
-            let lg = logits[rr.start * v..rr.end * v].to_vec();
-            let draft_probs = drafted[rr.clone()]
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| {
-                    let row = &lg[i * v..(i + 1) * v];
-                    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let z: f64 = row.iter().map(|&x| ((x - m) as f64).exp()).sum();
-                    (((row[t as usize] - m) as f64).exp() / z) as f32
-                })
-                .collect();
+            let (lg, base_s) = if full {
+                (
+                    logits[rr.start * v..rr.end * v].to_vec(),
+                    base_host[rr.start * v..rr.end * v].to_vec(),
+                )
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            let draft_probs = if full {
+                drafted[rr.clone()]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| {
+                        let row = &lg[i * v..(i + 1) * v];
+                        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let z: f64 = row.iter().map(|&x| ((x - m) as f64).exp()).sum();
+                        (((row[t as usize] - m) as f64).exp() / z) as f32
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let cl = conf[rr.clone()].to_vec();
             out.push(Draft {
                 draft_probs,
-                base_logits: base_host[rr.start * v..rr.end * v].to_vec(),
+                base_logits: base_s,
                 logits: lg,
                 draft_ids: drafted[rr.clone()].to_vec(),
                 confidence: cl.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),

@@ -213,7 +213,7 @@ where
             .iter()
             .filter_map(|&i| Some((seqs[i].dev.state.as_ref()?, seqs[i].dev.rows[0])))
             .collect();
-        for (&i, d) in fresh.iter().zip(model.draft_batch(&items)?) {
+        for (&i, d) in fresh.iter().zip(model.draft_ids_batch(&items)?) {
             let k = seqs[i].drafts.min(d.draft_ids.len());
             drafts[i] = Some(d.draft_ids[..k].to_vec());
         }
@@ -534,7 +534,7 @@ fn draft_ahead<B: Backend>(
     if items.len() != ahead.len() {
         return;
     }
-    let Ok(drafts) = model.draft_batch(&items) else {
+    let Ok(drafts) = model.draft_ids_batch(&items) else {
         return;
     };
     for (&(k, anchor), d) in ahead.iter().zip(drafts) {
