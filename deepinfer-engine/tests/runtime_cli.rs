@@ -231,3 +231,70 @@ fn generate_writes_the_run_figures_with_metrics_json() {
         assert!(m[key].is_u64(), "{key}");
     }
 }
+
+#[test]
+fn perplexity_scores_a_text_file_teacher_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "The quick brown fox jumps over the lazy dog. It was the best of times.";
+    std::fs::write(dir.path().join("t.txt"), text).unwrap();
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec!["perplexity", "--text", "t.txt", "--json"];
+        args.extend_from_slice(extra);
+        let out = deepinfer(dir.path(), &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let whole = run(&["--deterministic"]);
+    // The same figure computed here from the model's logits.
+    let model = Model::load(&cache_dir().join("default"), CpuBackend::batch_invariant()).unwrap();
+    let tok = PromptTokenizer::deepseek_v4().unwrap();
+    let mut ids = vec![tok.special_id("<｜begin▁of▁sentence｜>").unwrap()];
+    ids.extend(tok.encode_plain(text).unwrap());
+    let mut st = model.new_state();
+    let rows = model
+        .forward(
+            &mut [deepinfer_engine::BatchItem {
+                state: &mut st,
+                tokens: &ids,
+            }],
+            deepinfer_engine::Logits::All,
+            None,
+        )
+        .unwrap()
+        .remove(0);
+    let v = model.cfg.vocab_size;
+    let nll: f64 = (0..ids.len() - 1)
+        .map(|i| {
+            let row = &rows[i * v..(i + 1) * v];
+            let lse = row.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
+            lse - row[ids[i + 1] as usize] as f64
+        })
+        .sum::<f64>()
+        / (ids.len() - 1) as f64;
+    assert_eq!(whole["tokens"], ids.len());
+    assert_eq!(whole["scored_tokens"], ids.len() - 1);
+    let got = whole["mean_nll"].as_f64().unwrap();
+    assert!(
+        (got - nll).abs() < 1e-6 * nll.abs().max(1.0),
+        "{got} vs {nll}"
+    );
+    let ppl = whole["perplexity"].as_f64().unwrap();
+    assert!((ppl - nll.exp()).abs() < 1e-6 * ppl);
+    // Windows of 8 tokens, 3 rows per call: each window's first token is context only.
+    let w = run(&["--window", "8", "--chunk", "3"]);
+    let n = ids.len();
+    assert_eq!(w["windows"], n.div_ceil(8));
+    assert_eq!(w["scored_tokens"], n - n.div_ceil(8));
+    // Bad input: one line on stderr, non-zero exit.
+    std::fs::write(dir.path().join("empty.txt"), "").unwrap();
+    let out = deepinfer(dir.path(), &["perplexity", "--text", "empty.txt"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fewer than 2 tokens"), "{err}");
+    let out = deepinfer(dir.path(), &["perplexity", "--text", "missing.txt"]);
+    assert!(!out.status.success());
+}

@@ -94,7 +94,7 @@ impl From<SpecBudgetArg> for crate::runtime::SpecBudget {
 }
 
 /// The tokenizer for a model directory: its `tokenizer.json`, else the vendored DeepSeek V4 one.
-fn tokenizer_for(dir: Option<&Path>, vocab: usize) -> Result<PromptTokenizer, String> {
+pub fn tokenizer_for(dir: Option<&Path>, vocab: usize) -> Result<PromptTokenizer, String> {
     let tok = match dir.map(|d| d.join("tokenizer.json")).filter(|p| p.exists()) {
         Some(p) => {
             let bytes =

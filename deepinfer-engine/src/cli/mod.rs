@@ -11,6 +11,8 @@ pub mod engine_args;
 pub mod forward_bench;
 #[cfg(feature = "runtime")]
 pub mod generate;
+#[cfg(feature = "runtime")]
+pub mod perplexity;
 pub mod score;
 #[cfg(feature = "server")]
 pub mod serve;
@@ -41,6 +43,9 @@ pub enum Command {
     /// Offline throughput at several concurrencies: table, JSON and SVG chart.
     #[cfg(feature = "runtime")]
     Bench(bench::BenchArgs),
+    /// Perplexity of a text file, scored teacher-forced in windows.
+    #[cfg(feature = "runtime")]
+    Perplexity(perplexity::PerplexityArgs),
     /// Serve the model over OpenAI- and Anthropic-compatible HTTP.
     #[cfg(feature = "server")]
     Serve(serve::ServeArgs),
@@ -62,6 +67,8 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Generate(a) => generate::run(&a),
         #[cfg(feature = "runtime")]
         Command::Bench(a) => bench::run(&a),
+        #[cfg(feature = "runtime")]
+        Command::Perplexity(a) => perplexity::run(&a),
         #[cfg(feature = "server")]
         Command::Serve(a) => serve::run(&a),
         #[cfg(feature = "server")]
