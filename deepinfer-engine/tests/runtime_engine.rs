@@ -96,6 +96,27 @@ fn request_alone_in_a_batch_of_64_and_shuffled_gives_identical_tokens_and_logpro
     }
 }
 
+/// The hit rule's slack is its own setting: without it a hit reuses up to the last window.
+#[test]
+fn spec_slack_sets_how_much_of_a_hit_is_recomputed() {
+    let p = prompt(7, 61);
+    for (slack, want) in [(0, 48), (6, 40), (20, 32)] {
+        let mut e = engine(EngineConfig {
+            block_size: 8,
+            spec_slack: slack,
+            ..EngineConfig::default()
+        });
+        e.generate(vec![Request::new(1, p.clone(), GenParams::greedy(2))])
+            .unwrap();
+        let hot = e
+            .generate(vec![Request::new(2, p.clone(), GenParams::greedy(2))])
+            .unwrap()
+            .remove(0);
+        // 61 - 8 - slack, rounded down to whole blocks of 8.
+        assert_eq!(hot.usage.cached_tokens, want, "slack {slack}");
+    }
+}
+
 #[test]
 fn prefix_cache_hit_gives_the_cold_output_and_shows_in_metrics() {
     let cfg = EngineConfig {
@@ -115,10 +136,10 @@ fn prefix_cache_hit_gives_the_cold_output_and_shows_in_metrics() {
     let first = e.generate(vec![req(1)]).unwrap().remove(0);
     assert_eq!(first.usage.cached_tokens, 0);
     let hot = e.generate(vec![req(2)]).unwrap().remove(0);
-    // 61 tokens, window 8: at most 61 - 8 = 53 → 48 tokens (6 blocks) from the cache.
-    assert_eq!(hot.usage.cached_tokens, 48);
+    // 61 tokens, window 8, slack 6: at most 61 - 14 = 47 → 40 tokens (5 blocks) from the cache.
+    assert_eq!(hot.usage.cached_tokens, 40);
     let m = e.metrics();
-    assert_eq!(m.cached_prompt_tokens, 48);
+    assert_eq!(m.cached_prompt_tokens, 40);
     assert!(m.state_snapshot_hits >= 1, "{m:?}");
     assert_eq!(m.replayed_tokens, 0, "the snapshot sits exactly at the hit");
     assert_eq!(hot.token_ids, cold.token_ids);

@@ -56,6 +56,10 @@ pub struct EngineArgs {
     /// latency bounded while long prompts arrive). Default: token budget only.
     #[arg(long)]
     pub step_time_budget_ms: Option<f64>,
+    /// Prompt tokens beyond the last window that a prefix hit always recomputes (a hit
+    /// reuses at most L − window − slack tokens; DeepSeek's rule uses 6).
+    #[arg(long, default_value_t = 6)]
+    pub spec_slack: usize,
     /// Disable prefix caching.
     #[arg(long)]
     pub no_prefix_cache: bool,
@@ -146,6 +150,7 @@ impl EngineArgs {
             overlap: !self.no_overlap,
             sync_check: self.sync_check,
             step_time_budget_ms: self.step_time_budget_ms,
+            spec_slack: self.spec_slack,
             ..EngineConfig::default()
         }
     }

@@ -112,6 +112,10 @@ pub struct EngineConfig {
     /// is fitted from a short calibration at start-up and refitted online from the measured
     /// step times. `None`: chunks are bounded by the token budget only.
     pub step_time_budget_ms: Option<f64>,
+    /// Tokens beyond the last window that a prefix hit always recomputes (DeepSeek's hit
+    /// rule: a hit reuses at most `L − window − spec_slack` prompt tokens, L − 134 for
+    /// V4.1-Flash's window of 128 with the default 6). Independent of `spec_drafts`.
+    pub spec_slack: usize,
 }
 
 /// How many drafts each decode row verifies.
@@ -145,6 +149,7 @@ impl Default for EngineConfig {
             sync_check: false,
             global_cache_blocks: None,
             step_time_budget_ms: None,
+            spec_slack: 6,
         }
     }
 }
@@ -1609,7 +1614,7 @@ where
 fn hit_rule<B: Backend>(model: &Model<B>, cfg: &EngineConfig) -> HitRule {
     HitRule {
         window: model.cfg.sliding_window,
-        spec_slack: cfg.spec_drafts,
+        spec_slack: cfg.spec_slack,
     }
 }
 
