@@ -35,6 +35,26 @@ pub struct BenchPoint {
     pub exposed_frac: f64,
     /// Share of the wall time spent in the sampler (and draft verification).
     pub sample_frac: f64,
+    /// Accepted over proposed draft tokens (0 without speculation).
+    pub acceptance: f64,
+    /// Drafts per row that verified drafts (0 without speculation).
+    pub drafts_per_row: f64,
+}
+
+impl BenchPoint {
+    /// What the measured acceptance `a` over `n` drafts would claim per decode row if each
+    /// draft were accepted independently (`1 + n·a`) and under prefix acceptance, where a
+    /// draft counts only after all before it (`1 + a + … + aⁿ`); beside the measured
+    /// [`BenchPoint::tokens_per_row`] they show how far a headline "acceptance" can mislead.
+    pub fn claimed_tokens_per_row(&self) -> (f64, f64) {
+        let (a, n) = (self.acceptance, self.drafts_per_row);
+        let geometric = if (1.0 - a).abs() < 1e-12 {
+            1.0 + n
+        } else {
+            (1.0 - a.powf(n + 1.0)) / (1.0 - a)
+        };
+        (1.0 + n * a, geometric)
+    }
 }
 
 /// Run `concurrency` greedy requests of `prompt_len` random prompt tokens and `new_tokens`
@@ -109,6 +129,22 @@ where
             hidden_frac: (d(|m| m.hidden_ms) / host_thread.max(1e-9)).min(1.0),
             exposed_frac: (1.0 - (d(|m| m.forward_ms) + d(|m| m.draft_ms)) / wall_ms).max(0.0),
             sample_frac: d(|m| m.sample_ms) / wall_ms,
+            acceptance: {
+                let drafts = (m1.draft_tokens - m0.draft_tokens) as f64;
+                if drafts > 0.0 {
+                    (m1.accepted_drafts - m0.accepted_drafts) as f64 / drafts
+                } else {
+                    0.0
+                }
+            },
+            drafts_per_row: {
+                let spec = (m1.spec_rows - m0.spec_rows) as f64;
+                if spec > 0.0 {
+                    (m1.draft_tokens - m0.draft_tokens) as f64 / spec
+                } else {
+                    0.0
+                }
+            },
         };
         on_level(&p);
         points.push(p);
@@ -124,7 +160,12 @@ pub fn bench_json(points: &[BenchPoint], setup: &Value) -> Value {
             "concurrency": p.concurrency, "total_tok_s": p.total_tok_s, "per_user_tok_s": p.per_user_tok_s,
             "ttft_ms": p.ttft_ms, "step_ms": p.step_ms, "tokens_per_row": p.tokens_per_row,
             "host_frac": p.host_frac, "hidden_frac": p.hidden_frac, "exposed_frac": p.exposed_frac,
-            "sample_frac": p.sample_frac,
+            "sample_frac": p.sample_frac, "acceptance": p.acceptance,
+            "drafts_per_row": p.drafts_per_row,
+            "claimed_tokens_per_row": {
+                "independent": p.claimed_tokens_per_row().0,
+                "prefix": p.claimed_tokens_per_row().1,
+            },
         })).collect::<Vec<_>>(),
     })
 }
@@ -157,6 +198,13 @@ pub fn bench_table(points: &[BenchPoint]) -> String {
             100.0 * p.hidden_frac,
             100.0 * p.exposed_frac,
             100.0 * p.sample_frac
+        ));
+    }
+    for p in points.iter().filter(|p| p.drafts_per_row > 0.0) {
+        let (linear, geometric) = p.claimed_tokens_per_row();
+        s.push_str(&format!(
+            "concurrency {}: measured {:.2} tokens per decode row; acceptance {:.3} over {:.2} drafts would claim 1 + n·a = {:.2} or 1 + a + … + aⁿ = {:.2}\n",
+            p.concurrency, p.tokens_per_row, p.acceptance, p.drafts_per_row, linear, geometric
         ));
     }
     s
@@ -242,9 +290,22 @@ mod tests {
             hidden_frac: 0.5,
             exposed_frac: 0.15,
             sample_frac: 0.1,
+            acceptance: 0.0,
+            drafts_per_row: 0.0,
         });
         let t = bench_table(&pts);
         assert_eq!(t.lines().count(), 3);
+        // With drafts: both readings of the acceptance beside the measured figure.
+        let spec = BenchPoint {
+            acceptance: 0.5,
+            drafts_per_row: 3.0,
+            tokens_per_row: 1.6,
+            ..pts[0]
+        };
+        let (linear, prefix) = spec.claimed_tokens_per_row();
+        assert!((linear - 2.5).abs() < 1e-12 && (prefix - 1.875).abs() < 1e-12);
+        let t = bench_table(&[spec]);
+        assert!(t.contains("1 + n·a = 2.50") && t.contains("= 1.88"), "{t}");
         let svg = bench_svg(&pts, "a < b");
         assert!(svg.contains("4 users: 40 tok/s") && svg.contains("a &lt; b"));
         assert!(svg.contains("tokens per decode row: 1.00"));
