@@ -112,6 +112,22 @@ fn n_choices_and_logprobs() {
         assert_eq!(lp.len(), 5);
         assert_eq!(lp[0]["top_logprobs"].as_array().unwrap().len(), 2);
     }
+    // Streamed: every token's log-probability and alternatives, in the chunks.
+    b["n"] = json!(1);
+    b["stream"] = json!(true);
+    let ev = post(s.addr, "/v1/chat/completions", &b).events();
+    let entries: Vec<Value> = ev
+        .iter()
+        .filter(|e| e.1 != "[DONE]")
+        .filter_map(|e| serde_json::from_str::<Value>(&e.1).ok())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(entries.len(), 5, "{ev:?}");
+    for e in &entries {
+        assert!(e["logprob"].is_number());
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2, "{e}");
+    }
 }
 
 #[test]
@@ -225,6 +241,7 @@ fn models_health_and_metrics() {
         "vllm:prefix_cache_hits",
         "vllm:num_preemptions",
         "vllm:spec_decode_num_accepted_tokens",
+        "vllm:request_queue_time_seconds_bucket",
     ] {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }

@@ -285,6 +285,9 @@ pub enum StreamEvent {
         token: u32,
         /// Its log-probability.
         logprob: f32,
+        /// The best alternatives (`sampling.top_logprobs` of them, when log-probabilities
+        /// were asked for).
+        top: Vec<(u32, f32)>,
     },
     /// Answer text.
     Text {
@@ -312,6 +315,11 @@ pub enum StreamEvent {
         /// The event.
         event: Event,
     },
+    /// The request was planned into a step for the first time (its queueing ended).
+    Scheduled {
+        /// The request.
+        id: RequestId,
+    },
     /// The request finished.
     Finished(Box<Output>),
 }
@@ -323,7 +331,8 @@ impl StreamEvent {
             StreamEvent::Token { id, .. }
             | StreamEvent::Text { id, .. }
             | StreamEvent::Reasoning { id, .. }
-            | StreamEvent::Parsed { id, .. } => *id,
+            | StreamEvent::Parsed { id, .. }
+            | StreamEvent::Scheduled { id } => *id,
             StreamEvent::Finished(o) => o.id,
         }
     }
@@ -376,6 +385,8 @@ pub struct Engine<B: Backend> {
     step_times: Vec<f32>,
     /// Most KV blocks in use at once.
     kv_peak: usize,
+    /// Requests planned for the first time by the step being built.
+    first_scheduled: Vec<RequestId>,
     next_sid: u64,
 }
 
@@ -454,6 +465,7 @@ where
             metrics: Metrics::default(),
             step_times: Vec::new(),
             kv_peak: 0,
+            first_scheduled: Vec::new(),
             next_sid: 0,
             cfg,
         })
@@ -950,6 +962,9 @@ where
                 let _span = tracing::debug_span!("build").entered();
                 self.build_job(&plan, live)?
             };
+            for id in std::mem::take(&mut self.first_scheduled) {
+                driver.event(&StreamEvent::Scheduled { id });
+            }
             self.metrics.build_ms += ms_since(tb);
             let launched = Instant::now();
             let done = match worker {
@@ -1150,6 +1165,7 @@ where
         for (sid, start, end, samples, drafts) in groups {
             let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
             if l.cached.is_none() {
+                self.first_scheduled.push(l.user_id);
                 l.cached = Some(start);
                 self.metrics.cached_prompt_tokens += start as u64;
             }
@@ -1446,6 +1462,11 @@ fn parse_tokens<T>(
             id: l.user_id,
             token: *token,
             logprob: *logprob,
+            top: if l.fx.params.logprobs {
+                top.clone()
+            } else {
+                Vec::new()
+            },
         });
         if !l.fx.stop_tokens.contains(token)
             && let Some(parser) = l.parser.as_mut()

@@ -10,9 +10,9 @@ use metrics_exporter_prometheus::{
 use std::time::Duration;
 
 /// Latency buckets, s (vLLM's for time to first token, extended down for a small model).
-const LATENCY_BUCKETS: [f64; 18] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0,
+const LATENCY_BUCKETS: [f64; 19] = [
+    0.0005, 0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0,
 ];
 
 /// The server's recorder and its renderer.
@@ -87,6 +87,10 @@ impl ServerMetrics {
                 "Time between two tokens of a request."
             );
             metrics::describe_histogram!(
+                "vllm:request_queue_time_seconds",
+                "Arrival to the first step that plans the request."
+            );
+            metrics::describe_histogram!(
                 "vllm:e2e_request_latency_seconds",
                 "Arrival to the last token."
             );
@@ -96,6 +100,11 @@ impl ServerMetrics {
 
     fn with<T>(&self, f: impl FnOnce() -> T) -> T {
         with_local_recorder(&self.recorder as &dyn Recorder, f)
+    }
+
+    /// A request was first planned into a step `d` after its arrival.
+    pub fn queue_time(&self, d: Duration) {
+        self.with(|| histogram!("vllm:request_queue_time_seconds").record(d.as_secs_f64()));
     }
 
     /// A request's first token came `d` after its arrival.

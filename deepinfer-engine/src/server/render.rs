@@ -2,6 +2,7 @@
 //! or the complete body at the end. The event mappings are the recipe crate's; this file
 //! only picks the one for the protocol and frames it.
 
+use super::sink::TokLogprob;
 use crate::runtime::{ChatFrontend, Output, PreparedChat};
 use deepinfer_recipe::Event;
 use deepinfer_recipe::PromptTokenizer;
@@ -90,7 +91,7 @@ impl Render {
         tok: &PromptTokenizer,
         index: usize,
         event: &Event,
-        logprobs: &[(u32, f32)],
+        logprobs: &[TokLogprob],
     ) -> Vec<String> {
         match self {
             Render::Chat { choices, .. } => {
@@ -99,10 +100,13 @@ impl Render {
                 };
                 let lp: Vec<TokenLogprob> = logprobs
                     .iter()
-                    .map(|&(t, l)| TokenLogprob {
-                        token: tok.decode(&[t]).unwrap_or_default(),
-                        logprob: l,
-                        top: Vec::new(),
+                    .map(|(t, l, top)| TokenLogprob {
+                        token: tok.decode(&[*t]).unwrap_or_default(),
+                        logprob: *l,
+                        top: top
+                            .iter()
+                            .map(|&(a, p)| (tok.decode(&[a]).unwrap_or_default(), p))
+                            .collect(),
                     })
                     .collect();
                 c.on_event(event, Some(&lp))

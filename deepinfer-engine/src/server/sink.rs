@@ -43,6 +43,9 @@ pub(crate) fn channel() -> (ChannelSink, mpsc::UnboundedReceiver<Update>) {
     (ChannelSink { tx }, rx)
 }
 
+/// A generated token, its log-probability and its best alternatives.
+pub(crate) type TokLogprob = (u32, f32, Vec<(u32, f32)>);
+
 /// One step of a request's progress, as the HTTP task sees it.
 #[derive(Debug)]
 pub(crate) enum Progress {
@@ -51,7 +54,7 @@ pub(crate) enum Progress {
     Parsed {
         index: usize,
         event: Event,
-        logprobs: Vec<(u32, f32)>,
+        logprobs: Vec<TokLogprob>,
     },
     /// Every sample has finished: outputs in index order.
     Done(Vec<Output>),
@@ -64,7 +67,8 @@ pub(crate) struct Tracker {
     rx: mpsc::UnboundedReceiver<Update>,
     samples: usize,
     outs: Vec<Output>,
-    pending: Vec<(u32, f32)>,
+    pending: Vec<TokLogprob>,
+    scheduled: bool,
     want_logprobs: bool,
     arrived: Instant,
     last_token: Option<Instant>,
@@ -85,6 +89,7 @@ impl Tracker {
             samples: samples.max(1),
             outs: Vec::new(),
             pending: Vec::new(),
+            scheduled: false,
             want_logprobs,
             arrived,
             last_token: None,
@@ -100,7 +105,18 @@ impl Tracker {
             };
             match u {
                 Update::Failed(m) => return Progress::Failed(m),
-                Update::Event(StreamEvent::Token { logprob, token, .. }) => {
+                Update::Event(StreamEvent::Scheduled { .. }) => {
+                    if !self.scheduled {
+                        self.scheduled = true;
+                        self.metrics.queue_time(self.arrived.elapsed());
+                    }
+                }
+                Update::Event(StreamEvent::Token {
+                    logprob,
+                    token,
+                    top,
+                    ..
+                }) => {
                     let now = Instant::now();
                     match self.last_token {
                         None => self.metrics.ttft(now - self.arrived),
@@ -108,7 +124,7 @@ impl Tracker {
                     }
                     self.last_token = Some(now);
                     if self.want_logprobs {
-                        self.pending.push((token, logprob));
+                        self.pending.push((token, logprob, top));
                     }
                 }
                 Update::Event(StreamEvent::Parsed { index, event, .. }) => {
