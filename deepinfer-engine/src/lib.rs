@@ -4,6 +4,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod checkpoint;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
 pub mod engram;

@@ -1,5 +1,6 @@
 //! `deepinfer score`: the binary writes `<name>.logits` f32 [len, V] matching the golden
 //! logits (and log-softmax with --logprobs); bad input is one error line and exit code 1.
+#![cfg(feature = "cli")]
 
 mod common;
 use common::*;

@@ -1,5 +1,6 @@
 //! Random-weight checkpoints (the tensor list the loader asks for), bf16 matmul weights,
 //! and the `forward-bench` / `random-checkpoint` commands.
+#![cfg(feature = "cli")]
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! The embedded default model, the chat layer's trust boundary and the `deepinfer generate`
 //! command line, end to end.
-#![cfg(feature = "runtime")]
+#![cfg(all(feature = "cli", feature = "runtime"))]
 
 use deepinfer_engine::Model;
 use deepinfer_engine::runtime::{

@@ -1,7 +1,7 @@
 //! The `deepinfer serve` binary: it starts with no flags but a port, serves, and on SIGTERM
 //! drains (in-flight requests finish, new ones are refused) and exits 0; past the grace
 //! period it aborts what is left.
-#![cfg(all(feature = "server", unix))]
+#![cfg(all(feature = "cli", feature = "server", unix))]
 
 mod http;
 
