@@ -6,7 +6,7 @@
 mod http;
 
 use serde_json::json;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -64,14 +64,7 @@ fn open_stream(addr: SocketAddr, max_tokens: u64) -> (TcpStream, Vec<u8>) {
         "model": "m", "max_tokens": max_tokens, "stream": true,
         "messages": [{"role": "user", "content": "go on"}],
     });
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(120))).ok();
-    c.write_all(&http::request_bytes(
-        "POST",
-        "/v1/chat/completions",
-        &body.to_string(),
-    ))
-    .unwrap();
+    let mut c = http::send(addr, "/v1/chat/completions", &body);
     let mut got = vec![0u8; 4096];
     let n = c.read(&mut got).unwrap();
     got.truncate(n);
@@ -142,13 +135,7 @@ fn memory_returns_to_its_baseline_after_a_load_with_disconnects() {
                         "messages": [{"role": "user", "content": format!("client {i}")}],
                     });
                     if i % 4 == 1 {
-                        let mut c = TcpStream::connect(addr).unwrap();
-                        c.write_all(&http::request_bytes(
-                            "POST",
-                            "/v1/chat/completions",
-                            &body.to_string(),
-                        ))
-                        .unwrap();
+                        let mut c = http::send(addr, "/v1/chat/completions", &body);
                         let mut buf = [0u8; 256];
                         let _ = c.read(&mut buf);
                         return true;

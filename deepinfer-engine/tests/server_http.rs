@@ -7,12 +7,10 @@ mod http;
 
 use deepinfer_engine::runtime::EngineConfig;
 use deepinfer_engine::server::ServerConfig;
-use http::{TestServer, eventually, get, post, raw, request_bytes, start};
+use http::{TestServer, eventually, get, post, raw, request_bytes, send, start};
 use serde_json::{Value, json};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 fn server() -> &'static TestServer {
     static S: OnceLock<TestServer> = OnceLock::new();
@@ -314,13 +312,7 @@ fn a_client_that_disconnects_mid_stream_aborts_its_request() {
     let s = start(EngineConfig::default(), 8, ServerConfig::default());
     let mut b = chat_body("a long answer please", 4000, 2);
     b["stream"] = json!(true);
-    let mut c = TcpStream::connect(s.addr).unwrap();
-    c.write_all(&request_bytes(
-        "POST",
-        "/v1/chat/completions",
-        &b.to_string(),
-    ))
-    .unwrap();
+    let mut c = send(s.addr, "/v1/chat/completions", &b);
     let mut buf = [0u8; 2048];
     let mut got = 0;
     while got < 1500 {
@@ -350,13 +342,7 @@ fn a_full_queue_answers_429() {
     );
     let mut b = chat_body("hold the slot", 3000, 1);
     b["stream"] = json!(true);
-    let mut c = TcpStream::connect(s.addr).unwrap();
-    c.write_all(&request_bytes(
-        "POST",
-        "/v1/chat/completions",
-        &b.to_string(),
-    ))
-    .unwrap();
+    let c = send(s.addr, "/v1/chat/completions", &b);
     assert!(eventually(20, || s.online.stats().outstanding == 1));
     let r = post(s.addr, "/v1/chat/completions", &chat_body("me too", 2, 1));
     assert_eq!(r.status, 429, "{}", r.body);
@@ -427,14 +413,7 @@ fn bounded_load_with_disconnects_and_garbage() {
                 let mut b = chat_body(&format!("client {i}"), 8 + i % 5, i);
                 b["stream"] = json!(true);
                 if i % 4 == 1 {
-                    let mut c = TcpStream::connect(addr).unwrap();
-                    c.set_read_timeout(Some(Duration::from_secs(60))).ok();
-                    c.write_all(&request_bytes(
-                        "POST",
-                        "/v1/chat/completions",
-                        &b.to_string(),
-                    ))
-                    .unwrap();
+                    let mut c = send(addr, "/v1/chat/completions", &b);
                     let mut buf = [0u8; 256];
                     let _ = c.read(&mut buf);
                     return ("gone", 0, 0);

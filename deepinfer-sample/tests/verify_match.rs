@@ -7,12 +7,13 @@
 //! shows that feeding argmax drafts to [`VerifyMode::Stochastic`] with
 //! `q = softmax(draft logits)` (drafts not drawn from q) is biased.
 
-use deepinfer_sample::sampler::filtered_weights;
+mod stats;
 use deepinfer_sample::{
     SampleRequest, SamplingParams, VerifyMode, VerifyOutput, VerifyRequest, mask_words, sample,
     verify,
 };
 use proptest::prelude::*;
+use stats::{CHI2_9999, chi_square, dof, target};
 
 /// A token, its log-probability and its alternatives.
 type Emitted = (u32, f32, Vec<(u32, f32)>);
@@ -154,35 +155,6 @@ proptest! {
     }
 }
 
-/// Pearson chi-square of `counts` against `p` (cells with p = 0 must be empty).
-fn chi_square(counts: &[u64], p: &[f64]) -> f64 {
-    let n: u64 = counts.iter().sum();
-    let mut chi = 0.0;
-    for (&c, &pi) in counts.iter().zip(p) {
-        if pi == 0.0 {
-            assert_eq!(c, 0, "a token with probability 0 was drawn");
-            continue;
-        }
-        let e = pi * n as f64;
-        chi += (c as f64 - e).powi(2) / e;
-    }
-    chi
-}
-
-/// Chi-square 99.99 % quantiles for 0..=9 degrees of freedom.
-const CHI2_9999: [f64; 10] = [
-    0.0, 15.14, 18.42, 21.11, 23.51, 25.74, 27.86, 29.88, 31.83, 33.72,
-];
-
-fn target(logits: &[f32], params: &SamplingParams) -> Vec<f64> {
-    let (ws, total) = filtered_weights(logits, None, &[], params).unwrap();
-    let mut p = vec![0.0; logits.len()];
-    for (id, w) in ws {
-        p[id as usize] = w as f64 / total as f64;
-    }
-    p
-}
-
 fn softmax(l: &[f32]) -> Vec<f32> {
     let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let z: f32 = l.iter().map(|&x| (x - m).exp()).sum();
@@ -272,10 +244,9 @@ fn argmax_drafts_give_the_target_distribution() {
                 continue;
             }
             let p = target(&target_logits[j * V..(j + 1) * V], &params);
-            let dof = p.iter().filter(|&&x| x > 0.0).count() - 1;
             let chi = chi_square(counts, &p);
             assert!(
-                chi < CHI2_9999[dof],
+                chi < CHI2_9999[dof(&p)],
                 "{n} drafts, position {j}: {counts:?} vs {p:?} (chi2 {chi})"
             );
         }

@@ -129,27 +129,24 @@ where
             hidden_frac: (d(|m| m.hidden_ms) / host_thread.max(1e-9)).min(1.0),
             exposed_frac: (1.0 - (d(|m| m.forward_ms) + d(|m| m.draft_ms)) / wall_ms).max(0.0),
             sample_frac: d(|m| m.sample_ms) / wall_ms,
-            acceptance: {
-                let drafts = (m1.draft_tokens - m0.draft_tokens) as f64;
-                if drafts > 0.0 {
-                    (m1.accepted_drafts - m0.accepted_drafts) as f64 / drafts
-                } else {
-                    0.0
-                }
-            },
-            drafts_per_row: {
-                let spec = (m1.spec_rows - m0.spec_rows) as f64;
-                if spec > 0.0 {
-                    (m1.draft_tokens - m0.draft_tokens) as f64 / spec
-                } else {
-                    0.0
-                }
-            },
+            acceptance: ratio(
+                m1.accepted_drafts - m0.accepted_drafts,
+                m1.draft_tokens - m0.draft_tokens,
+            ),
+            drafts_per_row: ratio(
+                m1.draft_tokens - m0.draft_tokens,
+                m1.spec_rows - m0.spec_rows,
+            ),
         };
         on_level(&p);
         points.push(p);
     }
     Ok(points)
+}
+
+/// `n / d`, or 0 when nothing was counted.
+fn ratio(n: u64, d: u64) -> f64 {
+    if d == 0 { 0.0 } else { n as f64 / d as f64 }
 }
 
 /// The figures as JSON.

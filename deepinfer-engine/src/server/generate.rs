@@ -140,7 +140,9 @@ async fn run(
                     event,
                     logprobs,
                 } => {
-                    render.event(&tok, index, &event, &logprobs);
+                    if render.completes_from_events() {
+                        render.event(&tok, index, &event, &logprobs);
+                    }
                 }
                 Progress::Done(outs) => {
                     guard.armed = false;

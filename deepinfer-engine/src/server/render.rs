@@ -71,6 +71,13 @@ impl Render {
         }
     }
 
+    /// Whether the complete body is built from the parser events (Responses, Messages) rather
+    /// than from the finished outputs (chat, completions): a non-streamed request skips the
+    /// events otherwise.
+    pub fn completes_from_events(&self) -> bool {
+        matches!(self, Render::Responses(..) | Render::Messages(..))
+    }
+
     /// Frames that open the stream.
     pub fn start(&mut self) -> Vec<String> {
         match self {

@@ -118,6 +118,16 @@ pub fn request_bytes(method: &str, path: &str, body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Send `POST path` with a JSON body and hand back the open connection, unread (a client that
+/// reads some of a stream, or none, and may go away).
+pub fn send(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
+    let mut c = TcpStream::connect(addr).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    c.write_all(&request_bytes("POST", path, &body.to_string()))
+        .expect("write");
+    c
+}
+
 /// Send raw bytes, read the whole answer.
 pub fn raw(addr: SocketAddr, bytes: &[u8]) -> Resp {
     let mut s = TcpStream::connect(addr).expect("connect");
