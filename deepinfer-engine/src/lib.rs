@@ -18,7 +18,7 @@ pub mod server;
 pub mod weights;
 
 pub use config::{ModelConfig, ModelKind};
-pub use model::{BatchItem, Draft, Logits, Model, ModelError, SeqState, Trace};
+pub use model::{BatchItem, Draft, Logits, Model, ModelError, SeqState, StateFormatError, Trace};
 
 /// The crate's version, as packaged.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -218,8 +218,9 @@ fn generate_writes_the_run_figures_with_metrics_json() {
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("m.json")).unwrap()).unwrap();
     let n = |v: &serde_json::Value| v.as_f64().unwrap();
     assert!(n(&m["prompt_tokens"]) > 0.0);
+    let c = &m["cached_tokens"];
     assert_eq!(
-        n(&m["computed_prompt_tokens"]) + n(&m["cached_tokens"]["device"]),
+        n(&m["computed_prompt_tokens"]) + n(&c["device"]) + n(&c["host"]) + n(&c["disk"]),
         n(&m["prompt_tokens"])
     );
     assert!(n(&m["generated_tokens"]) > 0.0);
@@ -297,4 +298,51 @@ fn perplexity_scores_a_text_file_teacher_forced() {
     assert!(err.contains("fewer than 2 tokens"), "{err}");
     let out = deepinfer(dir.path(), &["perplexity", "--text", "missing.txt"]);
     assert!(!out.status.success());
+}
+
+#[test]
+fn a_second_process_finds_the_prefix_in_the_kv_cache_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = "Summarise the following in one line: the quick brown fox jumps over the lazy \
+                  dog, then the dog chases the fox around the farm until both fall asleep.";
+    let run = |tag: &str| -> (Value, String) {
+        let out = deepinfer(
+            dir.path(),
+            &[
+                "generate",
+                "--prompt",
+                prompt,
+                "--max-tokens",
+                "6",
+                "--kv-cache-dir",
+                "cache",
+                "--metrics-json",
+                &format!("{tag}.json"),
+                "--output",
+                &format!("{tag}.jsonl"),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let m = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join(format!("{tag}.json"))).unwrap(),
+        )
+        .unwrap();
+        let line = std::fs::read_to_string(dir.path().join(format!("{tag}.jsonl"))).unwrap();
+        let v: Value = serde_json::from_str(line.trim()).unwrap();
+        (m, v["response"]["body"]["choices"].to_string())
+    };
+    let (m1, c1) = run("first");
+    let (m2, c2) = run("second");
+    assert_eq!(m1["cached_tokens"]["disk"], 0);
+    assert!(m1["disk_states"]["written"].as_u64().unwrap() > 0, "{m1}");
+    assert!(m2["cached_tokens"]["disk"].as_u64().unwrap() > 0, "{m2}");
+    assert!(
+        m2["computed_prompt_tokens"].as_u64() < m1["computed_prompt_tokens"].as_u64(),
+        "{m1} {m2}"
+    );
+    assert_eq!(c1, c2);
 }

@@ -441,3 +441,47 @@ fn an_impossible_step_time_budget_is_a_configuration_error() {
     }
     drop(model);
 }
+
+#[test]
+fn prompts_sharing_a_prefix_resume_near_where_they_diverge() {
+    let shared = prompt(21, 45);
+    let with_tail = |seed| {
+        let mut p = shared.clone();
+        p.extend(prompt(seed, 20));
+        p
+    };
+    let cfg = EngineConfig {
+        block_size: 8,
+        prefix_state_interval: 16,
+        ..EngineConfig::default()
+    };
+    let cold = engine(EngineConfig {
+        prefix_caching: false,
+        ..cfg.clone()
+    })
+    .generate(vec![Request::new(2, with_tail(2), sampled(3, 6))])
+    .unwrap()
+    .remove(0);
+    for (interval, replay_at_most) in [(16, 40 - 32), (0, 40)] {
+        let mut e = engine(EngineConfig {
+            prefix_state_interval: interval,
+            ..cfg.clone()
+        });
+        e.generate(vec![Request::new(1, with_tail(1), sampled(3, 6))])
+            .unwrap();
+        let hot = e
+            .generate(vec![Request::new(2, with_tail(2), sampled(3, 6))])
+            .unwrap()
+            .remove(0);
+        // The device pool hits the 5 shared blocks (40 tokens); the nearest state is at 32
+        // with states every 16 tokens, and at 0 with none.
+        assert_eq!(hot.usage.cached_tokens, 40, "interval {interval}");
+        let m = e.metrics();
+        assert_eq!(
+            m.replayed_tokens, replay_at_most as u64,
+            "interval {interval}: {m:?}"
+        );
+        assert_eq!(hot.token_ids, cold.token_ids);
+        assert_eq!(hot.logprobs, cold.logprobs);
+    }
+}

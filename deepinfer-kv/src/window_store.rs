@@ -130,6 +130,16 @@ impl<V> WindowStateStore<V> {
         Ok(evicted)
     }
 
+    /// Removes and returns the least recently used state, with its hash (`None` when empty):
+    /// for callers that must free what the states pin elsewhere before inserting.
+    pub fn pop_lru(&mut self) -> Option<(BlockHash, V)> {
+        let (_, hash) = self.order.pop_first()?;
+        let e = self.map.remove(&hash)?;
+        self.bytes -= e.bytes;
+        self.evictions += 1;
+        Some((hash, e.value))
+    }
+
     /// Removes and returns the state under `hash`.
     pub fn remove(&mut self, hash: BlockHash) -> Option<V> {
         let e = self.map.remove(&hash)?;
@@ -191,5 +201,21 @@ mod tests {
         assert_eq!(s.get(BlockHash(1)), Some(&2));
         assert_eq!(s.remove(BlockHash(1)), Some(2));
         assert_eq!(s.usage().bytes, 0);
+    }
+
+    #[test]
+    fn pop_lru_takes_the_least_recently_used() {
+        let mut s = WindowStateStore::new(100);
+        for i in 0..3u8 {
+            s.insert(BlockHash(u128::from(i)), i, 10).unwrap();
+        }
+        assert!(s.get(BlockHash(0)).is_some());
+        assert_eq!(s.pop_lru(), Some((BlockHash(1), 1)));
+        assert_eq!(s.pop_lru(), Some((BlockHash(2), 2)));
+        assert_eq!(s.usage().bytes, 10);
+        assert_eq!(s.usage().evictions, 2);
+        assert_eq!(s.pop_lru(), Some((BlockHash(0), 0)));
+        assert_eq!(s.pop_lru(), None);
+        assert_eq!(s.usage().entries, 0);
     }
 }

@@ -63,6 +63,20 @@ pub struct EngineArgs {
     /// Disable prefix caching.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Keep a prefix state every this many prompt tokens (0: only at each prompt's largest
+    /// reusable prefix), so prompts sharing a prefix resume near where they diverge.
+    #[arg(long, default_value_t = 512)]
+    pub prefix_state_interval: usize,
+    /// Most bytes of prefix model states the host tier keeps (e.g. `512M`, `4G`, `1GiB`).
+    #[arg(long, default_value = "1G", value_parser = parse_bytes)]
+    pub window_cache_memory: u64,
+    /// Persistent prefix cache: write prefix states to this directory and find those of
+    /// earlier runs of the same model, backend and cache format there.
+    #[arg(long)]
+    pub kv_cache_dir: Option<PathBuf>,
+    /// Most bytes `--kv-cache-dir` keeps (least recently used states are reclaimed).
+    #[arg(long, default_value = "8G", value_parser = parse_bytes)]
+    pub kv_cache_dir_size: u64,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -77,6 +91,25 @@ pub struct EngineArgs {
     /// feature, the CUDA driver and libnvrtc at run time).
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     pub backend: BackendArg,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_parse_with_units_and_reject_nonsense() {
+        assert_eq!(parse_bytes("123"), Ok(123));
+        assert_eq!(parse_bytes("4G"), Ok(4 << 30));
+        assert_eq!(parse_bytes("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_bytes("512mb"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2K"), Ok(2048));
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("G").is_err());
+        assert!(parse_bytes("4X").is_err());
+        assert!(parse_bytes("-1").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
+    }
 }
 
 /// `--spec-budget` values.
@@ -95,6 +128,32 @@ impl From<SpecBudgetArg> for crate::runtime::SpecBudget {
             SpecBudgetArg::Budgeted => Self::Budgeted,
         }
     }
+}
+
+/// A byte count: a number with an optional unit, `K`/`M`/`G`/`T` (powers of 1024, with or
+/// without `i` and `B`: `4G`, `4GiB`, `4GB` are the same) or none (bytes).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a byte count (e.g. 512M, 4G)"))?;
+    let shift = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches('B')
+        .trim_end_matches('I')
+    {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("`{s}`: unknown unit (use K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 /// The tokenizer for a model directory: its `tokenizer.json`, else the vendored DeepSeek V4 one.
@@ -151,6 +210,10 @@ impl EngineArgs {
             sync_check: self.sync_check,
             step_time_budget_ms: self.step_time_budget_ms,
             spec_slack: self.spec_slack,
+            prefix_state_interval: self.prefix_state_interval,
+            window_cache_memory: self.window_cache_memory,
+            kv_cache_dir: self.kv_cache_dir.clone(),
+            kv_cache_dir_size: self.kv_cache_dir_size,
             ..EngineConfig::default()
         }
     }

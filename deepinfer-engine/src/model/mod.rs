@@ -7,6 +7,7 @@ mod global;
 mod prof;
 mod random;
 mod state;
+mod state_codec;
 pub mod sync;
 mod weights;
 
@@ -16,6 +17,7 @@ pub use global::{GlobalCache, GlobalPart, GlobalTable, SharedGlobalCache};
 pub use prof::profile_report;
 pub use random::{RandomDtype, required_tensors, write_random_checkpoint};
 pub use state::{CompressorState, SeqState};
+pub use state_codec::{StateFormatError, state_bytes};
 pub use weights::{
     AttnW, BlockW, CompressorW, DSparkW, EngramW, FfnW, HcW, IndexerW, LoadOptions,
     LoadWeightsError, MatmulWeights, ModelW,

@@ -12,6 +12,7 @@
 use super::request::GenParams;
 use crate::{BatchItem, Logits, Model, SeqState};
 use deepinfer_kernels::Backend;
+use deepinfer_kv::TrafficClass;
 use deepinfer_recipe::grammar::Matcher;
 use deepinfer_sample::{SampleRequest, VerifyMode, VerifyRequest, sample_batch, verify_batch};
 use std::sync::Arc;
@@ -74,8 +75,9 @@ pub(crate) struct JobSeq<T> {
     pub fx: Arc<Fixed>,
     /// `dev.rows`: input tokens from `state.pos` up to `to` (replayed rows first).
     pub dev: Dev<T>,
-    /// The first forward covers `rows[..split]` (it ends at a prefix-snapshot point).
-    pub split: Option<usize>,
+    /// Row offsets (ascending, inside `rows`) where a forward piece ends at a prefix-snapshot
+    /// point: the rows run as `rows[..splits[0]]`, `rows[splits[0]..splits[1]]`, … .
+    pub splits: Vec<usize>,
     /// Position after the last input row (the sampling position).
     pub to: usize,
     /// Sample a token after the last row.
@@ -130,7 +132,7 @@ pub(crate) struct SeqOut<T> {
 pub(crate) struct JobOut<T> {
     pub seqs: Vec<SeqOut<T>>,
     /// Block-aligned state snapshots for the prefix store (keyed by their own history).
-    pub snapshots: Vec<SeqState<T>>,
+    pub snapshots: Vec<(TrafficClass, SeqState<T>)>,
     pub stats: DevStats,
     /// When the job finished (overlap accounting).
     pub done: Instant,
@@ -240,41 +242,51 @@ where
         }
     }
 
-    // Forward: first pieces of every plain row group, then the second halves of split
-    // groups (after a snapshot point), then the rows verifying drafts (logits of every row).
-    type Pick<T> = fn(&JobSeq<T>, &Scratch<T>) -> Option<std::ops::Range<usize>>;
-    let passes: [(Pick<B::Tensor>, Logits); 3] = [
-        (
-            |s, x| (x.drafts == 0).then(|| 0..s.split.unwrap_or(s.dev.rows.len())),
-            Logits::Last,
-        ),
-        (
-            |s, x| {
-                (x.drafts == 0)
-                    .then_some(s.split)
-                    .flatten()
-                    .map(|k| k..s.dev.rows.len())
-            },
-            Logits::Last,
-        ),
-        (
-            |s, x| (x.drafts > 0).then_some(0..s.dev.rows.len()),
-            Logits::All,
-        ),
-    ];
-    for (pick, which) in passes {
+    // Forward: the plain row groups piece by piece (a piece ends at a snapshot point; the
+    // k-th pieces of all groups run together), then the rows verifying drafts (logits of
+    // every row).
+    let pieces = seqs
+        .iter()
+        .zip(&sc)
+        .filter(|(_, x)| x.drafts == 0)
+        .map(|(s, _)| s.splits.len() + 1)
+        .max()
+        .unwrap_or(0);
+    for p in 0..pieces {
+        let piece = |s: &JobSeq<B::Tensor>, x: &Scratch<B::Tensor>| {
+            if x.drafts > 0 {
+                return None;
+            }
+            let lo = match p {
+                0 => 0,
+                _ => *s.splits.get(p - 1)?,
+            };
+            let hi = s.splits.get(p).copied().unwrap_or(s.dev.rows.len());
+            Some(lo..hi)
+        };
         forward_set(
             model,
             cfg,
             reserve,
             &mut seqs,
             &mut sc,
-            pick,
-            which,
+            piece,
+            Logits::Last,
             &mut st,
             &mut snapshots,
         )?;
     }
+    forward_set(
+        model,
+        cfg,
+        reserve,
+        &mut seqs,
+        &mut sc,
+        |s, x| (x.drafts > 0).then_some(0..s.dev.rows.len()),
+        Logits::All,
+        &mut st,
+        &mut snapshots,
+    )?;
 
     // Verify drafts: every position samples exactly as a plain decode row would and a
     // draft is kept iff it equals that token (the drafts are the drafter's argmax chain,
@@ -448,7 +460,7 @@ fn forward_set<B: Backend>(
     mut pick: impl FnMut(&JobSeq<B::Tensor>, &Scratch<B::Tensor>) -> Option<std::ops::Range<usize>>,
     which: Logits,
     st: &mut DevStats,
-    snapshots: &mut Vec<SeqState<B::Tensor>>,
+    snapshots: &mut Vec<(TrafficClass, SeqState<B::Tensor>)>,
 ) -> Result<(), EngineError>
 where
     B::Tensor: Clone,
@@ -497,7 +509,7 @@ where
             && free_global_blocks(model) > reserve
             && let Ok(snap) = state.try_clone()
         {
-            snapshots.push(snap);
+            snapshots.push((seqs[i].fx.params.cache_class, snap));
         }
         x.logits = row;
     }

@@ -45,7 +45,7 @@
 use super::device::{
     Dev, DevStats, Fixed, Job, JobCfg, JobOut, JobSeq, Tok, free_global_blocks, run_job,
 };
-use super::prefix::PrefixStates;
+use super::prefix_cache::{DiskTierConfig, PrefixCache};
 use super::request::GrammarConstraint;
 use super::request::{
     FinishReason, Output, Request, RequestId, Timing, TokenLogprob, ToolCallOut, Usage,
@@ -53,7 +53,7 @@ use super::request::{
 use crate::model::sync::LaunchPhase;
 use crate::{BatchItem, Logits, Model, ModelError};
 use deepinfer_kernels::Backend;
-use deepinfer_kv::{BlockManager, BlockManagerConfig, HitRule};
+use deepinfer_kv::{BlockManager, BlockManagerConfig, ExtraKeys, HitRule, Tier};
 use deepinfer_recipe::parser::{BackendFinish, Event, FinishReason as ParseFinish};
 use deepinfer_recipe::protocol::ParsingOptions;
 use deepinfer_recipe::{PromptTokenizer, StreamParser};
@@ -65,6 +65,7 @@ use deepinfer_sched::{
 };
 use deepinfer_spec::{Planner, PlannerConfig, Search, StepTimeModel};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
@@ -83,8 +84,22 @@ pub struct EngineConfig {
     pub max_model_len: usize,
     /// Reuse the model state of cached prompt prefixes.
     pub prefix_caching: bool,
-    /// Most prefix model-state snapshots kept (LRU).
+    /// Most prefix model-state snapshots kept in the host tier (LRU).
     pub prefix_state_capacity: usize,
+    /// A prefill keeps a prefix state at every multiple of this many tokens (rounded up to
+    /// a multiple of `block_size`; 0: only at each prompt's largest reusable prefix), so prompts sharing
+    /// a prefix with different tails resume at most this far before where they diverge
+    /// instead of recomputing from the start. Each point is one more forward call.
+    pub prefix_state_interval: usize,
+    /// Most bytes of prefix model states kept in the host tier (LRU): each state's window
+    /// rows, open compressor rows, drafter windows and the global entries it references.
+    pub window_cache_memory: u64,
+    /// The persistent tier: a directory where every prefix state the host tier keeps is
+    /// also written (checksummed files, lifetimes per traffic class), for later processes
+    /// of the same model, backend and cache format. `None`: the cache ends with the process.
+    pub kv_cache_dir: Option<PathBuf>,
+    /// Most bytes the persistent tier keeps before least recently used states are reclaimed.
+    pub kv_cache_dir_size: u64,
     /// DSpark drafts verified per decode row; 0 turns speculation off. Needs a model with the
     /// drafter; at most its block size. With [`SpecBudget::Budgeted`] the most per row.
     /// Verification samples every position as plain decoding does and keeps a draft iff it
@@ -143,6 +158,10 @@ impl Default for EngineConfig {
             max_model_len: 8192,
             prefix_caching: true,
             prefix_state_capacity: 512,
+            prefix_state_interval: 512,
+            window_cache_memory: 1 << 30,
+            kv_cache_dir: None,
+            kv_cache_dir_size: 8 << 30,
             spec_drafts: 0,
             spec_budget: SpecBudget::Fixed,
             overlap: true,
@@ -233,8 +252,18 @@ pub struct Metrics {
     pub generated_tokens: u64,
     /// Prompt tokens of admitted requests (once per request, whatever its `n`).
     pub prompt_tokens: u64,
-    /// Prompt tokens the scheduler served from the prefix cache (first admissions).
+    /// Prompt tokens the scheduler served from the prefix cache (first admissions), all
+    /// tiers together.
     pub cached_prompt_tokens: u64,
+    /// Of those, tokens whose blocks came back from the host tier (evicted from the device
+    /// pool, their state still held on the host).
+    pub cached_host_tokens: u64,
+    /// Of those, tokens whose state came from the persistent tier (`kv_cache_dir`).
+    pub cached_disk_tokens: u64,
+    /// Prefix states written to the persistent tier.
+    pub disk_writes: u64,
+    /// Files of the persistent tier found unusable (damaged, foreign, other tokens): misses.
+    pub disk_rejected: u64,
     /// Resumes (prefix hits, re-admissions) whose state came from a snapshot.
     pub state_snapshot_hits: u64,
     /// Tokens replayed to rebuild a state no snapshot covered.
@@ -354,6 +383,9 @@ struct Live<T> {
     grammar: Option<GrammarConstraint>,
     /// Where a prefix-hit snapshot is taken: the largest reusable prefix of this prompt.
     cut: usize,
+    /// Prompt tokens whose blocks were brought back into the device pool from a slower tier
+    /// at admission, and that tier.
+    imported: Option<(usize, Tier)>,
     /// Model state, matcher, pending drafts, history: with the device worker during a step.
     dev: Dev<T>,
     parser: Option<StreamParser>,
@@ -379,7 +411,7 @@ pub struct Engine<B: Backend> {
     cfg: EngineConfig,
     sched: Scheduler,
     tokenizer: Option<Arc<PromptTokenizer>>,
-    prefix: PrefixStates<B::Tensor>,
+    prefix: PrefixCache<B::Tensor>,
     metrics: Metrics,
     /// Recent step wall times, ms (the last [`STEP_HISTORY`] at most).
     step_times: Vec<f32>,
@@ -449,14 +481,7 @@ where
             }
         }
         let sched = Self::make_scheduler(&model, &cfg)?;
-        let prefix = PrefixStates::new(
-            cfg.block_size,
-            if cfg.prefix_caching {
-                cfg.prefix_state_capacity
-            } else {
-                0
-            },
-        );
+        let prefix = Self::make_prefix_cache(&model, &cfg)?;
         Ok(Self {
             model: Arc::new(model),
             sched,
@@ -469,6 +494,37 @@ where
             next_sid: 0,
             cfg,
         })
+    }
+
+    fn make_prefix_cache(
+        model: &Model<B>,
+        cfg: &EngineConfig,
+    ) -> Result<PrefixCache<B::Tensor>, EngineError> {
+        let disk = match (&cfg.kv_cache_dir, cfg.prefix_caching) {
+            (Some(dir), true) => Some(DiskTierConfig {
+                dir: dir.clone(),
+                capacity_bytes: cfg.kv_cache_dir_size,
+            }),
+            _ => None,
+        };
+        let identity = if disk.is_some() {
+            model.state_identity()?
+        } else {
+            0
+        };
+        let entries = if cfg.prefix_caching {
+            cfg.prefix_state_capacity
+        } else {
+            0
+        };
+        PrefixCache::new(
+            cfg.block_size,
+            cfg.window_cache_memory,
+            entries,
+            identity,
+            disk.as_ref(),
+        )
+        .map_err(|e| EngineError::Config(format!("kv cache dir: {e}")))
     }
 
     fn make_scheduler(model: &Model<B>, cfg: &EngineConfig) -> Result<Scheduler, EngineError> {
@@ -544,9 +600,12 @@ where
 
     /// Counters so far.
     pub fn metrics(&self) -> Metrics {
+        let disk = self.prefix.disk_counters();
         Metrics {
             preemptions: self.sched.stats().preemptions,
             prefix_states: self.prefix.len(),
+            disk_writes: disk.writes,
+            disk_rejected: disk.rejected,
             ..self.metrics
         }
     }
@@ -566,9 +625,14 @@ where
         StepTimes::of(&self.step_times)
     }
 
-    /// The run's figures as `--metrics-json` writes them. The cache tiers below the device
-    /// pool (host window states, the persistent store) are not wired into the engine yet, so
-    /// their counts are 0.
+    /// Waits until every prefix state queued for the persistent tier is written (dropping
+    /// the engine does the same). States kept after this call stay on the host.
+    pub fn flush_kv_cache_dir(&mut self) {
+        self.prefix.flush();
+    }
+
+    /// The run's figures as `--metrics-json` writes them: cached prompt tokens by the tier
+    /// their state came from (device pool, host tier, persistent tier).
     pub fn metrics_json(&self) -> serde_json::Value {
         let m = self.metrics();
         let st = self.step_times();
@@ -576,7 +640,13 @@ where
         serde_json::json!({
             "prompt_tokens": m.prompt_tokens,
             "computed_prompt_tokens": m.prompt_tokens.saturating_sub(m.cached_prompt_tokens),
-            "cached_tokens": {"device": m.cached_prompt_tokens, "host": 0, "disk": 0},
+            "cached_tokens": {
+                "device": m.cached_prompt_tokens - m.cached_host_tokens - m.cached_disk_tokens,
+                "host": m.cached_host_tokens,
+                "disk": m.cached_disk_tokens,
+            },
+            "host_states": {"entries": m.prefix_states, "bytes": self.prefix.host_bytes()},
+            "disk_states": {"written": m.disk_writes, "rejected": m.disk_rejected},
             "replayed_tokens": m.replayed_tokens,
             "generated_tokens": m.generated_tokens,
             "preemptions": m.preemptions,
@@ -695,6 +765,7 @@ where
         let copies = if n > 1 && !fork { n } else { 1 };
         let cut = hit_rule(&self.model, &self.cfg)
             .max_reusable_tokens(r.prompt.len(), self.cfg.block_size);
+        let imported = self.import_prefix(&r.prompt, cut);
         for index in 0..copies {
             let sid = self.next_sid;
             self.next_sid += 1;
@@ -727,6 +798,7 @@ where
                 parsing: r.parsing.clone(),
                 grammar: r.grammar.clone(),
                 cut,
+                imported,
                 dev: Dev {
                     matcher: r.grammar.as_ref().map(GrammarConstraint::matcher),
                     ..Dev::default()
@@ -747,6 +819,25 @@ where
             live.insert(sid, l);
         }
         Ok(())
+    }
+
+    /// Brings the longest prefix of `prompt[..cut]` whose state a slower tier holds (host, or
+    /// disk: loaded into the host tier now) back into the scheduler's device pool, so the
+    /// scheduler's allocation hits it. Returns the tokens imported and the tier.
+    fn import_prefix(&mut self, prompt: &[u32], cut: usize) -> Option<(usize, Tier)> {
+        if !self.cfg.prefix_caching || cut == 0 {
+            return None;
+        }
+        let (len, tier) = self.prefix.reach(&self.model, &prompt[..cut])?;
+        let bs = self.cfg.block_size;
+        // No free block to import into: the device pool misses and the prefix is replayed
+        // from the host state instead (still exact).
+        let blocks = self
+            .sched
+            .kv_mut()
+            .import_blocks(prompt, &ExtraKeys::none(), 0, len / bs)
+            .ok()?;
+        (!blocks.is_empty()).then_some((blocks.len() * bs, tier))
     }
 
     fn parser_for(&self, parsing: Option<&ParsingOptions>) -> Option<StreamParser> {
@@ -793,6 +884,7 @@ where
                     parsing: p.parsing.clone(),
                     grammar: p.grammar.clone(),
                     cut: p.cut,
+                    imported: p.imported,
                     dev: Dev {
                         state,
                         matcher: p.grammar.as_ref().map(GrammarConstraint::matcher),
@@ -1019,8 +1111,8 @@ where
             // The step's tokens → the scheduler (without overlap, parsed first so a stop
             // sequence ends the request in this very update).
             let tp = Instant::now();
-            for snap in done.snapshots {
-                self.prefix.insert(snap);
+            for (class, snap) in done.snapshots {
+                self.prefix.insert(&self.model, snap, class);
             }
             let now = ms_since(t0);
             let mut aborts = Vec::new();
@@ -1168,6 +1260,11 @@ where
                 self.first_scheduled.push(l.user_id);
                 l.cached = Some(start);
                 self.metrics.cached_prompt_tokens += start as u64;
+                match l.imported {
+                    Some((n, Tier::Host)) => self.metrics.cached_host_tokens += n.min(start) as u64,
+                    Some((n, Tier::Disk)) => self.metrics.cached_disk_tokens += n.min(start) as u64,
+                    _ => {}
+                }
             }
             let toks = self
                 .sched
@@ -1192,8 +1289,7 @@ where
             dev.rows.clear();
             dev.rows.extend_from_slice(&toks[from..end]);
             // Split at the snapshot point so a later identical prefix can resume there.
-            let split =
-                (self.cfg.prefix_caching && from < l.cut && l.cut < end).then(|| l.cut - from);
+            let splits = self.snapshot_points(from, end, l.cut);
             let forced = if samples { l.forced } else { None };
             drain |= forced.is_some();
             let sample = samples && forced.is_none();
@@ -1209,7 +1305,7 @@ where
                 sid,
                 fx: l.fx.clone(),
                 dev,
-                split,
+                splits,
                 to: end,
                 sample,
                 drafts,
@@ -1220,6 +1316,33 @@ where
         // Old prefix snapshots give way to the sequences of this step.
         while free_global_blocks(&self.model) < reserve && self.prefix.evict_lru() {}
         Ok((Job { seqs: job, reserve }, drain))
+    }
+
+    /// Offsets inside a prefill of positions `from..end` where the forward pauses so a
+    /// prefix state is kept: every multiple of `prefix_state_interval` and the prompt's
+    /// largest reusable prefix `cut` (so prompts that share only a prefix with this one, or
+    /// extend it, resume near where they diverge).
+    fn snapshot_points(&self, from: usize, end: usize, cut: usize) -> Vec<usize> {
+        if !self.cfg.prefix_caching {
+            return Vec::new();
+        }
+        let every = self
+            .cfg
+            .prefix_state_interval
+            .next_multiple_of(self.cfg.block_size);
+        let mut at: Vec<usize> = match every {
+            0 => Vec::new(),
+            k => (from / k + 1..)
+                .map(|i| i * k)
+                .take_while(|&p| p < end)
+                .collect(),
+        };
+        if from < cut && cut < end {
+            at.push(cut);
+        }
+        at.sort_unstable();
+        at.dedup();
+        at.iter().map(|p| p - from).collect()
     }
 
     fn add_stats(&mut self, s: &DevStats) {

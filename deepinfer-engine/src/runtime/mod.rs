@@ -10,7 +10,7 @@ pub mod default_model;
 mod device;
 pub mod engine;
 pub mod online;
-mod prefix;
+mod prefix_cache;
 pub mod request;
 
 pub use batch::{BatchSummary, SAMPLE_BATCH, run_batch};

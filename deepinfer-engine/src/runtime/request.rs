@@ -2,6 +2,7 @@
 //! parameters, and finished outputs with text, reasoning, tool calls, log-probabilities,
 //! usage and timing.
 
+use deepinfer_kv::TrafficClass;
 use deepinfer_recipe::grammar::{CompiledGrammar, Matcher, Triggered};
 use deepinfer_recipe::protocol::ParsingOptions;
 use deepinfer_sample::SamplingParams;
@@ -29,6 +30,9 @@ pub struct GenParams {
     /// share the prompt's KV blocks through scheduler forks. Outputs come back one per sample
     /// (see [`Output::index`]).
     pub n: usize,
+    /// Traffic class of the prefix states this request leaves in the persistent tier (their
+    /// lifetime: chat 7 days, agent 3 days by default).
+    pub cache_class: TrafficClass,
 }
 
 impl Default for GenParams {
@@ -40,6 +44,7 @@ impl Default for GenParams {
             stop_at_eos: true,
             logprobs: false,
             n: 1,
+            cache_class: TrafficClass::CHAT,
         }
     }
 }
