@@ -175,14 +175,9 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, f32)>,
 }
 
-/// A structured tool call parsed from the output.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolCallOut {
-    /// Function name.
-    pub name: String,
-    /// Arguments JSON text.
-    pub arguments: String,
-}
+/// A structured tool call parsed from the output: its function name and arguments JSON text
+/// (assembled by `deepinfer-recipe`).
+pub use deepinfer_recipe::parser::ToolCallText as ToolCallOut;
 
 /// Token counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

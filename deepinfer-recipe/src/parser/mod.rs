@@ -7,12 +7,14 @@
 //! across token boundaries, and text is released as soon as it cannot be part
 //! of a stop sequence or marker.
 
+mod assemble;
 mod buffer;
 mod emitter;
 mod scanner;
 
 use std::sync::Arc;
 
+pub use assemble::{Assembled, ToolCallText};
 pub use buffer::{EventBuffer, EventRef};
 use emitter::{Emitter, EventSink};
 use scanner::{Action, MarkupSpellings, Provenance, Scanner, Stage};

@@ -1,0 +1,140 @@
+//! Start-up sizing and calibration: the global-state pool, the step-time and prefill cost
+//! models, the prefix-hit rule.
+
+use super::*;
+
+/// The global-state pool for `cfg`: the KV pool's tokens in global blocks, plus per running
+/// sequence its partly filled block and two transient snapshots (rollback, fork), plus the
+/// prefix snapshots at their longest. Running out later only skips snapshots (or fails a
+/// step with a typed error), never panics.
+pub(super) fn default_global_blocks<B: Backend>(model: &Model<B>, cfg: &EngineConfig) -> usize
+where
+    B::Tensor: Clone,
+{
+    let bt = model.global_block_tokens().max(1);
+    let live = (cfg.num_blocks * cfg.block_size).div_ceil(bt) + 3 * cfg.max_num_seqs;
+    let snaps = if cfg.prefix_caching {
+        cfg.prefix_state_capacity * (cfg.max_model_len.div_ceil(bt) + 1)
+    } else {
+        0
+    };
+    (live + snaps).clamp(64, 1 << 22)
+}
+
+/// A step-time model for the draft planner: forward passes of 1 and 16 rows on a scratch
+/// state (best of three), extended linearly to `max_rows`; the scheduler corrects each
+/// bucket online from the measured step times.
+pub(super) fn calibrate<B: Backend>(
+    model: &Model<B>,
+    max_rows: usize,
+) -> Result<StepTimeModel, EngineError>
+where
+    B::Tensor: Clone,
+{
+    let time = |rows: usize| -> Result<f64, EngineError> {
+        let mut best = f64::INFINITY;
+        let toks: Vec<u32> = (0..rows as u32).map(|i| 3 + i % 64).collect();
+        for _ in 0..3 {
+            let mut st = model.new_state();
+            let t = Instant::now();
+            model.forward(
+                &mut [BatchItem {
+                    state: &mut st,
+                    tokens: &toks,
+                }],
+                Logits::Last,
+                None,
+            )?;
+            best = best.min(ms_since(t));
+        }
+        Ok(best.max(1e-3))
+    };
+    let hi = max_rows.clamp(2, 16);
+    let (t1, th) = (time(1)?, time(hi)?);
+    let slope = ((th - t1) / (hi - 1) as f64).max(t1 * 1e-3);
+    let base = (t1 - slope).max(t1 * 0.1);
+    let mut points = Vec::new();
+    let mut r = 1;
+    while r < max_rows {
+        points.push((r, base + slope * r as f64));
+        r *= 2;
+    }
+    points.push((max_rows, base + slope * max_rows as f64));
+    StepTimeModel::linear(&points).map_err(|e| EngineError::Config(format!("step-time model: {e}")))
+}
+
+/// The prefill cost model `cost(q, c)`, fitted from timed forward calls over a fresh state:
+/// chunks of several lengths from position 0 and a chunk after a cached prefix, plus decode
+/// rows. It is only a starting point: the scheduler refits it from every measured step.
+pub(super) fn calibrate_prefill<B: Backend>(
+    model: &Model<B>,
+    cfg: &EngineConfig,
+) -> Result<PrefillCostModel, EngineError>
+where
+    B::Tensor: Clone,
+{
+    let cap = cfg
+        .max_num_batched_tokens
+        .min(cfg.max_model_len.saturating_sub(1))
+        .max(2);
+    let toks: Vec<u32> = (0..2 * cap as u32).map(|i| 3 + i % 64).collect();
+    // Best of two: the time of `q` tokens after `c` already in the state.
+    let time = |q: usize, c: usize| -> Result<f64, EngineError> {
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let mut st = model.new_state();
+            if c > 0 {
+                model.forward(
+                    &mut [BatchItem {
+                        state: &mut st,
+                        tokens: &toks[..c],
+                    }],
+                    Logits::Last,
+                    None,
+                )?;
+            }
+            let t = Instant::now();
+            model.forward(
+                &mut [BatchItem {
+                    state: &mut st,
+                    tokens: &toks[c..c + q],
+                }],
+                Logits::Last,
+                None,
+            )?;
+            best = best.min(ms_since(t));
+        }
+        Ok(best.max(1e-3))
+    };
+    let mut points = vec![(1, 0), (cap / 8, 0), (cap / 2, 0), (cap, 0)];
+    points.push(((cap / 4).max(1), cap / 2));
+    points.push((1, cap));
+    let mut samples = Vec::new();
+    for (q, c) in points {
+        let q = q.max(1);
+        samples.push(StepSample {
+            features: StepFeatures::of_chunk(q, c),
+            time: time(q, c)?,
+        });
+    }
+    let bounds = CoefficientBounds::default();
+    let coef = PrefillCostModel::fit(&samples, bounds).unwrap_or_else(|_| {
+        // Too little variation to separate the terms: a linear guess from the longest chunk.
+        let t = samples.iter().map(|s| s.time).fold(0.0, f64::max);
+        CostCoefficients {
+            a: 0.0,
+            b: t / cap as f64,
+            d: samples[0].time,
+        }
+    });
+    PrefillCostModel::new(coef, bounds, 0.98)
+        .map_err(|e| EngineError::Config(format!("prefill cost model: {e}")))
+}
+
+/// The prefix-hit rule: the last window (plus the speculative slack) is always recomputed.
+pub(super) fn hit_rule<B: Backend>(model: &Model<B>, cfg: &EngineConfig) -> HitRule {
+    HitRule {
+        window: model.cfg.sliding_window,
+        spec_slack: cfg.spec_slack,
+    }
+}

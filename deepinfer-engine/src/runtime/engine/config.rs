@@ -1,0 +1,107 @@
+//! The engine's settings.
+
+use super::*;
+
+/// Engine settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// KV blocks in the pool (the memory budget: fewer blocks means preemption sooner).
+    pub num_blocks: usize,
+    /// Tokens per KV block (also the granularity of prefix hits).
+    pub block_size: usize,
+    /// Most sequences in one step.
+    pub max_num_seqs: usize,
+    /// Most rows (tokens) in one step.
+    pub max_num_batched_tokens: usize,
+    /// Context limit (prompt + generated).
+    pub max_model_len: usize,
+    /// Reuse the model state of cached prompt prefixes.
+    pub prefix_caching: bool,
+    /// Most prefix model-state snapshots kept in the host tier (LRU).
+    pub prefix_state_capacity: usize,
+    /// A prefill keeps a prefix state at every multiple of this many tokens (rounded up to
+    /// a multiple of `block_size`; 0: only at each prompt's largest reusable prefix), so prompts sharing
+    /// a prefix with different tails resume at most this far before where they diverge
+    /// instead of recomputing from the start. Each point is one more forward call.
+    pub prefix_state_interval: usize,
+    /// Most bytes of prefix model states kept in the host tier (LRU): each state's window
+    /// rows, open compressor rows, drafter windows and the global entries it references.
+    pub window_cache_memory: u64,
+    /// The persistent tier: a directory where every prefix state the host tier keeps is
+    /// also written (checksummed files, lifetimes per traffic class), for later processes
+    /// of the same model, backend and cache format. `None`: the cache ends with the process.
+    pub kv_cache_dir: Option<PathBuf>,
+    /// Most bytes the persistent tier keeps before least recently used states are reclaimed.
+    pub kv_cache_dir_size: u64,
+    /// DSpark drafts verified per decode row; 0 turns speculation off. Needs a model with the
+    /// drafter; at most its block size. With [`SpecBudget::Budgeted`] the most per row.
+    /// Verification samples every position as plain decoding does and keeps a draft iff it
+    /// equals that token, so outputs (greedy or seeded) are those without drafts.
+    pub spec_drafts: usize,
+    /// Fixed drafts per row, or a per-step budget from the `deepinfer-spec` planner.
+    pub spec_budget: SpecBudget,
+    /// Overlapped scheduling: step N's device work runs on a worker thread while this
+    /// thread parses step N−1's tokens and plans step N+1 (see the module docs). Outputs
+    /// are the same either way; off runs every step in order. The device loop runs on a
+    /// thread of rayon's global pool; a `generate` call made from inside a rayon pool runs in
+    /// order (it could hold the pool's only thread).
+    pub overlap: bool,
+    /// Debug mode: with overlap, fail with [`ModelError::HostSync`] when the host thread
+    /// reads device results while a step is in flight (a host–device synchronisation).
+    pub sync_check: bool,
+    /// Blocks of the model's global-state pool (compressed entries and indexer keys of every
+    /// sequence and snapshot). `None`: sized from this configuration (KV pool, sequences,
+    /// prefix snapshots). When it runs out, snapshots are skipped (recomputed instead) and a
+    /// forward that cannot grow fails with [`ModelError::GlobalCacheFull`].
+    pub global_cache_blocks: Option<usize>,
+    /// Time-budgeted chunked prefill: each step prefills the largest chunks the scheduler's
+    /// cost model `cost(q, c)` predicts to fit this many milliseconds together with the
+    /// step's decode rows (at least `min_chunk_tokens` when nothing else runs). The model
+    /// is fitted from a short calibration at start-up and refitted online from the measured
+    /// step times. `None`: chunks are bounded by the token budget only.
+    pub step_time_budget_ms: Option<f64>,
+    /// Tokens beyond the last window that a prefix hit always recomputes (DeepSeek's hit
+    /// rule: a hit reuses at most `L − window − spec_slack` prompt tokens, L − 134 for
+    /// V4.1-Flash's window of 128 with the default 6). Independent of `spec_drafts`.
+    pub spec_slack: usize,
+}
+
+/// How many drafts each decode row verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecBudget {
+    /// Every decode row verifies `spec_drafts` drafts (fixed-length verification: the work
+    /// per row does not depend on its batch-mates).
+    #[default]
+    Fixed,
+    /// The `deepinfer-spec` planner splits a step's rows between requests (0 ..= `spec_drafts`
+    /// each) from the drafter's confidences and a step-time model calibrated at start-up and
+    /// corrected online from the measured step times. Tokens are the same as with fixed
+    /// drafts or none (verification keeps only drafts equal to the sampled token); only the
+    /// work per step changes.
+    Budgeted,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            num_blocks: 4096,
+            block_size: 16,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            max_model_len: 8192,
+            prefix_caching: true,
+            prefix_state_capacity: 512,
+            prefix_state_interval: 512,
+            window_cache_memory: 1 << 30,
+            kv_cache_dir: None,
+            kv_cache_dir_size: 8 << 30,
+            spec_drafts: 0,
+            spec_budget: SpecBudget::Fixed,
+            overlap: true,
+            sync_check: false,
+            global_cache_blocks: None,
+            step_time_budget_ms: None,
+            spec_slack: 6,
+        }
+    }
+}

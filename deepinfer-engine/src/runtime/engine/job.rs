@@ -1,0 +1,139 @@
+//! Each step's device job: state restores, input rows, snapshot points, drafts.
+
+use super::*;
+
+impl<B: Backend> Engine<B>
+where
+    B::Tensor: Clone,
+{
+    /// The device work of `plan`: each row group's state (restored from a prefix snapshot
+    /// or rebuilt by replay when it is not where the scheduler resumes), input rows, drafts
+    /// to verify and sampling settings. Returns whether a fork-group parent emits its
+    /// forced token (the step must be updated before the next one is planned).
+    pub(super) fn build_job(
+        &mut self,
+        plan: &StepPlan,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+    ) -> Result<(Job<B::Tensor>, bool), EngineError> {
+        let mut job = Vec::with_capacity(plan.num_groups());
+        let mut drain = false;
+        let bt = self.model.global_block_tokens().max(1);
+        let mut reserve = 0;
+        let max_len = self
+            .cfg
+            .max_model_len
+            .min(self.cfg.num_blocks * self.cfg.block_size);
+        let budgeted = self.cfg.spec_drafts > 0 && self.cfg.spec_budget == SpecBudget::Budgeted;
+        let groups = plan
+            .prefill
+            .iter()
+            .map(|c| (c.request, c.start, c.start + c.len, c.samples, 0))
+            .chain(
+                plan.decode
+                    .iter()
+                    .map(|d| (d.request, d.position, d.position + 1, true, d.drafts)),
+            );
+        for (sid, start, end, samples, drafts) in groups {
+            let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
+            if l.cached.is_none() {
+                self.first_scheduled.push(l.user_id);
+                l.cached = Some(start);
+                self.metrics.cached_prompt_tokens += start as u64;
+                match l.imported {
+                    Some((n, Tier::Host)) => self.metrics.cached_host_tokens += n.min(start) as u64,
+                    Some((n, Tier::Disk)) => self.metrics.cached_disk_tokens += n.min(start) as u64,
+                    _ => {}
+                }
+            }
+            let toks = self
+                .sched
+                .tokens(sid)
+                .ok_or(SchedError::UnknownRequest(sid))?;
+            if end > toks.len() {
+                return Err(EngineError::Sched(SchedError::UnknownRequest(sid)));
+            }
+            if l.dev.state.as_ref().is_none_or(|s| s.pos != start) {
+                let st = match self.prefix.lookup(&toks[..start]) {
+                    Some(s) => {
+                        self.metrics.state_snapshot_hits += 1;
+                        s
+                    }
+                    None => self.model.new_state(),
+                };
+                self.metrics.replayed_tokens += (start - st.pos) as u64;
+                l.dev.state = Some(st);
+            }
+            let from = l.dev.state.as_ref().map_or(0, |s| s.pos);
+            let mut dev = std::mem::take(&mut l.dev);
+            dev.rows.clear();
+            dev.rows.extend_from_slice(&toks[from..end]);
+            // Split at the snapshot point so a later identical prefix can resume there.
+            let splits = self.snapshot_points(from, end, l.cut);
+            let forced = if samples { l.forced } else { None };
+            drain |= forced.is_some();
+            let sample = samples && forced.is_none();
+            // Drafts past the token or context limit are wasted rows; a plan made while the
+            // previous step computed counted one token fewer (overlap), so cap them here
+            // from the known tokens, as the in-order loop's scheduler did.
+            let left_new =
+                (l.fx.params.max_tokens + l.fx.prompt_len).saturating_sub(toks.len() + 1);
+            let left_ctx = max_len.saturating_sub(toks.len() + 1);
+            let drafts = drafts.min(left_new).min(left_ctx);
+            reserve += (dev.rows.len() + drafts).div_ceil(bt) + 1;
+            job.push(JobSeq {
+                sid,
+                fx: l.fx.clone(),
+                dev,
+                splits,
+                to: end,
+                sample,
+                drafts,
+                draft_ahead: sample && budgeted,
+                forced,
+            });
+        }
+        // Old prefix snapshots give way to the sequences of this step.
+        while free_global_blocks(&self.model) < reserve && self.prefix.evict_lru() {}
+        Ok((Job { seqs: job, reserve }, drain))
+    }
+
+    /// Offsets inside a prefill of positions `from..end` where the forward pauses so a
+    /// prefix state is kept: every multiple of `prefix_state_interval` and the prompt's
+    /// largest reusable prefix `cut` (so prompts that share only a prefix with this one, or
+    /// extend it, resume near where they diverge).
+    pub(super) fn snapshot_points(&self, from: usize, end: usize, cut: usize) -> Vec<usize> {
+        if !self.cfg.prefix_caching {
+            return Vec::new();
+        }
+        let every = self
+            .cfg
+            .prefix_state_interval
+            .next_multiple_of(self.cfg.block_size);
+        let mut at: Vec<usize> = match every {
+            0 => Vec::new(),
+            k => (from / k + 1..)
+                .map(|i| i * k)
+                .take_while(|&p| p < end)
+                .collect(),
+        };
+        if from < cut && cut < end {
+            at.push(cut);
+        }
+        at.sort_unstable();
+        at.dedup();
+        at.iter().map(|p| p - from).collect()
+    }
+
+    pub(super) fn add_stats(&mut self, s: &DevStats) {
+        let m = &mut self.metrics;
+        m.forward_ms += s.forward_ms;
+        m.sample_ms += s.sample_ms;
+        m.draft_ms += s.draft_ms;
+        m.grammar_ms += s.grammar_ms;
+        m.forward_calls += s.forward_calls;
+        m.forward_tokens += s.forward_tokens;
+        m.draft_tokens += s.draft_tokens;
+        m.accepted_drafts += s.accepted_drafts;
+        m.spec_rows += s.spec_rows;
+    }
+}
