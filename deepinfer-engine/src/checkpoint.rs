@@ -88,6 +88,12 @@ impl MappedBytes {
     pub fn bytes(&self) -> &[u8] {
         &self.map[self.start..self.end]
     }
+
+    /// The whole mapping, shared, and where these bytes start in it: for backends that read
+    /// a weight in place ([`deepinfer_kernels::Backend::upload_shared`]).
+    pub fn shared(&self) -> (deepinfer_kernels::SharedBytes, usize) {
+        (self.map.clone(), self.start)
+    }
 }
 
 impl Checkpoint {

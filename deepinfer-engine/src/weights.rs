@@ -215,6 +215,34 @@ impl<'a> WeightLoader<'a> {
         }
     }
 
+    /// `name`'s stored bytes when a backend can hold them as they are: stored as F32, BF16 or
+    /// F16 with exactly `shape`. Marks the tensor used. `None` (nothing recorded) when it must
+    /// be decoded instead ([`WeightLoader::f32`] then reports any problem).
+    pub fn stored_as_is(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+    ) -> Option<(
+        deepinfer_kernels::SharedBytes,
+        usize,
+        deepinfer_kernels::DType,
+    )> {
+        use deepinfer_kernels::DType as K;
+        let raw = self.ck.get(name)?;
+        let dtype = match raw.dtype {
+            Dtype::F32 => K::F32,
+            Dtype::BF16 => K::BF16,
+            Dtype::F16 => K::F16,
+            _ => return None,
+        };
+        if raw.shape != shape {
+            return None;
+        }
+        self.used.insert(name.to_string());
+        let (bytes, start) = self.ck.bytes(raw).shared();
+        Some((bytes, start, dtype))
+    }
+
     /// An integer table (e.g. `tid2eid`), stored as i32, i64 or u8..u32, as i64 values.
     pub fn ints(&mut self, name: &str, shape: &[usize]) -> Vec<i64> {
         let n: usize = shape.iter().product();

@@ -14,6 +14,9 @@ use crate::error::Result;
 use crate::quant::{FakeQuant, QuantMatrix};
 use crate::sampling::SampleRow;
 
+/// Read-only bytes that outlive every tensor viewing them (a file mapping, a static table).
+pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 /// What every backend's tensor handle tells about itself.
 pub trait TensorInfo {
     /// Logical shape.
@@ -126,6 +129,19 @@ pub trait Backend: Send + Sync {
     fn upload_i64(&self, data: &[i64], shape: &[usize]) -> Result<Self::Tensor>;
     /// Uploads a quantised weight matrix (shape `[rows, cols]`, dtype from its format).
     fn upload_quant(&self, q: &QuantMatrix) -> Result<Self::Tensor>;
+    /// A tensor of the little-endian `dtype` values (F32, BF16 or F16) at byte `start` of
+    /// `bytes`, such as a memory-mapped checkpoint's weight. A backend that reads host memory
+    /// in place (the CPU) keeps a view: the values are read from the page cache and never
+    /// copied. The default decodes and uploads a copy.
+    fn upload_shared(
+        &self,
+        bytes: SharedBytes,
+        start: usize,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<Self::Tensor> {
+        upload_shared_copy(self, bytes, start, dtype, shape)
+    }
     /// Downloads any float tensor as f32 (quantised weights are dequantised).
     fn download_f32(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
     /// Downloads an integer tensor as i32 (i64 values must fit).
@@ -358,5 +374,54 @@ pub trait Backend: Send + Sync {
         let v = self.download_f32(logits)?;
         let ids = crate::sampling::sample_rows(&v, shape[1], rows)?;
         self.upload_i32(&ids, &[rows.len()])
+    }
+}
+
+/// [`Backend::upload_shared`] by decoding a copy.
+pub(crate) fn upload_shared_copy<B: Backend + ?Sized>(
+    be: &B,
+    bytes: SharedBytes,
+    start: usize,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<B::Tensor> {
+    const OP: &str = "upload_shared";
+    let n: usize = shape.iter().product();
+    let size = match dtype {
+        DType::F32 => 4,
+        DType::BF16 | DType::F16 => 2,
+        d => return Err(crate::error::invalid(OP, format!("dtype {d:?}"))),
+    };
+    let raw = n
+        .checked_mul(size)
+        .and_then(|len| (*bytes).as_ref().get(start..start.checked_add(len)?))
+        .ok_or_else(|| {
+            crate::error::invalid(
+                OP,
+                format!("{n} values at byte {start} lie outside the bytes"),
+            )
+        })?;
+    match dtype {
+        DType::F32 => {
+            let v: Vec<f32> = raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            be.upload_f32(&v, shape)
+        }
+        DType::BF16 => {
+            let v: Vec<half::bf16> = raw
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            be.upload_bf16(&v, shape)
+        }
+        _ => {
+            let v: Vec<half::f16> = raw
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            be.upload_f16(&v, shape)
+        }
     }
 }

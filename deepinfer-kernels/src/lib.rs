@@ -11,7 +11,9 @@ pub mod quant;
 pub mod rope;
 pub mod sampling;
 
-pub use backend::{Backend, ExpertWeights, HcMixes, RouteParams, RouteScore, TensorInfo, Unary};
+pub use backend::{
+    Backend, ExpertWeights, HcMixes, RouteParams, RouteScore, SharedBytes, TensorInfo, Unary,
+};
 pub use cpu::{CpuBackend, CpuConfig, CpuTensor};
 pub use dtype::DType;
 pub use error::{KernelError, Result};

@@ -199,10 +199,29 @@ impl<B: Backend> Up<'_, '_, B> {
         self.put(&t, shape)
     }
     /// A matrix used only as a `matmul` weight: 16-bit when stored so or when asked for.
+    /// Kept as stored (read in place from the checkpoint's mapping where the backend can)
+    /// unless an f32 or f16 matrix must be rounded to bf16.
     fn m(&mut self, name: &str, shape: &[usize]) -> KResult<B::Tensor> {
-        let t = self.ld.f32(name, shape);
         let stored = self.ld.stored_dtype(name);
+        let as_stored = self.opts.matmul_weights == MatmulWeights::AsStored
+            || stored == Some(safetensors::Dtype::BF16);
+        if as_stored && let Some(t) = self.shared(name, shape) {
+            return t;
+        }
+        let t = self.ld.f32(name, shape);
         self.put_m(&t, shape, stored)
+    }
+    /// A lookup table (embeddings): only its rows are read, widened to f32 exactly, so it is
+    /// kept as stored.
+    fn table(&mut self, name: &str, shape: &[usize]) -> KResult<B::Tensor> {
+        match self.shared(name, shape) {
+            Some(t) => t,
+            None => self.w(name, shape),
+        }
+    }
+    fn shared(&mut self, name: &str, shape: &[usize]) -> Option<KResult<B::Tensor>> {
+        let (bytes, start, dtype) = self.ld.stored_as_is(name, shape)?;
+        Some(self.be.upload_shared(bytes, start, dtype, shape))
     }
     fn put_m(
         &mut self,
@@ -235,8 +254,14 @@ impl<B: Backend> Up<'_, '_, B> {
         which: &str,
         shape: &[usize],
     ) -> KResult<B::Tensor> {
-        let t = self.ld.expert(prefix, e, which, shape);
         let stored = self.ld.expert_stored_dtype(prefix, e, which);
+        let unfused = format!("{prefix}.experts.{e}.{which}.weight");
+        let as_stored = self.opts.matmul_weights == MatmulWeights::AsStored
+            || stored == Some(safetensors::Dtype::BF16);
+        if as_stored && let Some(t) = self.shared(&unfused, shape) {
+            return t;
+        }
+        let t = self.ld.expert(prefix, e, which, shape);
         self.put_m(&t, shape, stored)
     }
     fn ints(&mut self, name: &str, shape: &[usize]) -> KResult<B::Tensor> {
@@ -268,7 +293,7 @@ impl<T> ModelW<T> {
             opts,
         };
         let (v, d_model) = (cfg.vocab_size, cfg.hidden_size);
-        let embed = up.w("embed.weight", &[v, d_model])?;
+        let embed = up.table("embed.weight", &[v, d_model])?;
         let head = up.m("head.weight", &[v, d_model])?;
         let norm = up.w("norm.weight", &[d_model])?;
         let n = cfg.hc_mult;
@@ -486,7 +511,7 @@ fn load_block<B: Backend>(
             let qk: Vec<f32> = q.data().iter().zip(k.data()).map(|(a, b)| a * b).collect();
             let qk = Tensor::from_vec(vec![n, dm], qk);
             Some(EngramW {
-                embed: up.w(&format!("{e}.embed.weight"), &[rows, ec.head_dim])?,
+                embed: up.table(&format!("{e}.embed.weight"), &[rows, ec.head_dim])?,
                 wkv: up.m(
                     &format!("{e}.wkv.weight"),
                     &[(n + 1) * dm, cols * ec.head_dim],

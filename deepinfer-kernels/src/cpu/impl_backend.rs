@@ -1,5 +1,6 @@
 //! `impl Backend for CpuBackend`: argument checks, then the slice kernels.
 
+use super::buf::Buf;
 use std::sync::Arc;
 
 use half::{bf16, f16};
@@ -97,7 +98,7 @@ impl Backend for CpuBackend {
         check_len("upload_bf16", data.len(), shape)?;
         Ok(CpuTensor {
             shape: shape.to_vec(),
-            data: Data::BF16(Arc::new(data.to_vec())),
+            data: Data::BF16(Buf::owned(data.to_vec())),
         })
     }
 
@@ -105,7 +106,7 @@ impl Backend for CpuBackend {
         check_len("upload_f16", data.len(), shape)?;
         Ok(CpuTensor {
             shape: shape.to_vec(),
-            data: Data::F16(Arc::new(data.to_vec())),
+            data: Data::F16(Buf::owned(data.to_vec())),
         })
     }
 
@@ -118,7 +119,7 @@ impl Backend for CpuBackend {
         check_len("upload_i64", data.len(), shape)?;
         Ok(CpuTensor {
             shape: shape.to_vec(),
-            data: Data::I64(Arc::new(data.to_vec())),
+            data: Data::I64(Buf::owned(data.to_vec())),
         })
     }
 
@@ -127,6 +128,30 @@ impl Backend for CpuBackend {
             shape: vec![q.rows(), q.cols()],
             data: Data::Quant(Arc::new(q.clone())),
         })
+    }
+
+    fn upload_shared(
+        &self,
+        bytes: crate::SharedBytes,
+        start: usize,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<CpuTensor> {
+        let n: usize = shape.iter().product();
+        let view = cfg!(target_endian = "little").then(|| match dtype {
+            DType::F32 => Buf::view(bytes.clone(), start, n).map(Data::F32),
+            DType::BF16 => Buf::view(bytes.clone(), start, n).map(Data::BF16),
+            DType::F16 => Buf::view(bytes.clone(), start, n).map(Data::F16),
+            d => Err(invalid("upload_shared", format!("dtype {d:?}"))),
+        });
+        match view {
+            Some(Ok(data)) => Ok(CpuTensor {
+                shape: shape.to_vec(),
+                data,
+            }),
+            // Misaligned (or a big-endian host): decode a copy.
+            _ => crate::backend::upload_shared_copy(self, bytes, start, dtype, shape),
+        }
     }
 
     fn download_f32(&self, t: &CpuTensor) -> Result<Vec<f32>> {
@@ -154,11 +179,11 @@ impl Backend for CpuBackend {
     fn zeros(&self, shape: &[usize], dtype: DType) -> Result<CpuTensor> {
         let n: usize = shape.iter().product();
         let data = match dtype {
-            DType::F32 => Data::F32(Arc::new(vec![0.0; n])),
-            DType::BF16 => Data::BF16(Arc::new(vec![bf16::ZERO; n])),
-            DType::F16 => Data::F16(Arc::new(vec![f16::ZERO; n])),
-            DType::I32 => Data::I32(Arc::new(vec![0; n])),
-            DType::I64 => Data::I64(Arc::new(vec![0; n])),
+            DType::F32 => Data::F32(Buf::owned(vec![0.0; n])),
+            DType::BF16 => Data::BF16(Buf::owned(vec![bf16::ZERO; n])),
+            DType::F16 => Data::F16(Buf::owned(vec![f16::ZERO; n])),
+            DType::I32 => Data::I32(Buf::owned(vec![0; n])),
+            DType::I64 => Data::I64(Buf::owned(vec![0; n])),
             other => {
                 return Err(KernelError::DType {
                     op: "zeros",
@@ -179,9 +204,9 @@ impl Backend for CpuBackend {
         }
         let v = t.to_f32(OP)?;
         let data = match dtype {
-            DType::F32 => Data::F32(Arc::new(v.into_owned())),
-            DType::BF16 => Data::BF16(Arc::new(v.iter().map(|&x| bf16::from_f32(x)).collect())),
-            DType::F16 => Data::F16(Arc::new(v.iter().map(|&x| f16::from_f32(x)).collect())),
+            DType::F32 => Data::F32(Buf::owned(v.into_owned())),
+            DType::BF16 => Data::BF16(Buf::owned(v.iter().map(|&x| bf16::from_f32(x)).collect())),
+            DType::F16 => Data::F16(Buf::owned(v.iter().map(|&x| f16::from_f32(x)).collect())),
             other => {
                 return Err(KernelError::DType {
                     op: OP,
@@ -217,11 +242,11 @@ impl Backend for CpuBackend {
         let mut shape = t.shape.clone();
         shape[dim] = len;
         let data = match &t.data {
-            Data::F32(v) => Data::F32(Arc::new(layout::narrow(v, &t.shape, dim, start, len))),
-            Data::BF16(v) => Data::BF16(Arc::new(layout::narrow(v, &t.shape, dim, start, len))),
-            Data::F16(v) => Data::F16(Arc::new(layout::narrow(v, &t.shape, dim, start, len))),
-            Data::I32(v) => Data::I32(Arc::new(layout::narrow(v, &t.shape, dim, start, len))),
-            Data::I64(v) => Data::I64(Arc::new(layout::narrow(v, &t.shape, dim, start, len))),
+            Data::F32(v) => Data::F32(Buf::owned(layout::narrow(v, &t.shape, dim, start, len))),
+            Data::BF16(v) => Data::BF16(Buf::owned(layout::narrow(v, &t.shape, dim, start, len))),
+            Data::F16(v) => Data::F16(Buf::owned(layout::narrow(v, &t.shape, dim, start, len))),
+            Data::I32(v) => Data::I32(Buf::owned(layout::narrow(v, &t.shape, dim, start, len))),
+            Data::I64(v) => Data::I64(Buf::owned(layout::narrow(v, &t.shape, dim, start, len))),
             Data::Quant(_) => return Err(dtype_err(OP, t)),
         };
         Ok(CpuTensor { shape, data })
@@ -257,7 +282,7 @@ impl Backend for CpuBackend {
                         _ => Err(dtype_err(OP, t)),
                     })
                     .collect::<Result<_>>()?;
-                Data::$var(Arc::new(layout::concat(&parts, outer, inner)))
+                Data::$var(Buf::owned(layout::concat(&parts, outer, inner)))
             }};
         }
         let data = match &first.data {
@@ -280,11 +305,11 @@ impl Backend for CpuBackend {
         let mut shape = t.shape.clone();
         shape.swap(a, b);
         let data = match &t.data {
-            Data::F32(v) => Data::F32(Arc::new(layout::transpose(v, &t.shape, a, b))),
-            Data::BF16(v) => Data::BF16(Arc::new(layout::transpose(v, &t.shape, a, b))),
-            Data::F16(v) => Data::F16(Arc::new(layout::transpose(v, &t.shape, a, b))),
-            Data::I32(v) => Data::I32(Arc::new(layout::transpose(v, &t.shape, a, b))),
-            Data::I64(v) => Data::I64(Arc::new(layout::transpose(v, &t.shape, a, b))),
+            Data::F32(v) => Data::F32(Buf::owned(layout::transpose(v, &t.shape, a, b))),
+            Data::BF16(v) => Data::BF16(Buf::owned(layout::transpose(v, &t.shape, a, b))),
+            Data::F16(v) => Data::F16(Buf::owned(layout::transpose(v, &t.shape, a, b))),
+            Data::I32(v) => Data::I32(Buf::owned(layout::transpose(v, &t.shape, a, b))),
+            Data::I64(v) => Data::I64(Buf::owned(layout::transpose(v, &t.shape, a, b))),
             Data::Quant(_) => return Err(dtype_err(OP, t)),
         };
         Ok(CpuTensor { shape, data })
@@ -313,17 +338,17 @@ impl Backend for CpuBackend {
             }};
         }
         let data = match &table.data {
-            Data::I32(t) => Data::I32(Arc::new(gather!(t))),
-            Data::I64(t) => Data::I64(Arc::new(gather!(t))),
-            Data::F32(t) => Data::F32(Arc::new(gather!(t))),
-            Data::BF16(t) => Data::F32(Arc::new(gather!(t).iter().map(|x| x.to_f32()).collect())),
-            Data::F16(t) => Data::F32(Arc::new(gather!(t).iter().map(|x| x.to_f32()).collect())),
+            Data::I32(t) => Data::I32(Buf::owned(gather!(t))),
+            Data::I64(t) => Data::I64(Buf::owned(gather!(t))),
+            Data::F32(t) => Data::F32(Buf::owned(gather!(t))),
+            Data::BF16(t) => Data::F32(Buf::owned(gather!(t).iter().map(|x| x.to_f32()).collect())),
+            Data::F16(t) => Data::F32(Buf::owned(gather!(t).iter().map(|x| x.to_f32()).collect())),
             Data::Quant(q) => {
                 let mut out = vec![0.0f32; ids.len() * row];
                 for (o, &i) in out.chunks_mut(row.max(1)).zip(ids.iter()) {
                     q.dequantize_row(i as usize, o);
                 }
-                Data::F32(Arc::new(out))
+                Data::F32(Buf::owned(out))
             }
         };
         Ok(CpuTensor { shape, data })
@@ -348,29 +373,29 @@ impl Backend for CpuBackend {
         match &mut dst.data {
             Data::F32(d) => {
                 let s = src.to_f32(OP)?;
-                Arc::make_mut(d)[at..at + s.len()].copy_from_slice(&s);
+                d.make_mut()[at..at + s.len()].copy_from_slice(&s);
             }
             Data::BF16(d) => {
                 let s = src.to_f32(OP)?;
-                for (o, v) in Arc::make_mut(d)[at..at + s.len()].iter_mut().zip(s.iter()) {
+                for (o, v) in d.make_mut()[at..at + s.len()].iter_mut().zip(s.iter()) {
                     *o = bf16::from_f32(*v);
                 }
             }
             Data::F16(d) => {
                 let s = src.to_f32(OP)?;
-                for (o, v) in Arc::make_mut(d)[at..at + s.len()].iter_mut().zip(s.iter()) {
+                for (o, v) in d.make_mut()[at..at + s.len()].iter_mut().zip(s.iter()) {
                     *o = f16::from_f32(*v);
                 }
             }
             Data::I32(d) => {
                 let s = src.to_i64(OP)?;
-                for (o, v) in Arc::make_mut(d)[at..at + s.len()].iter_mut().zip(s.iter()) {
+                for (o, v) in d.make_mut()[at..at + s.len()].iter_mut().zip(s.iter()) {
                     *o = i32::try_from(*v).map_err(|_| invalid(OP, "value overflows i32"))?;
                 }
             }
             Data::I64(d) => {
                 let s = src.to_i64(OP)?;
-                Arc::make_mut(d)[at..at + s.len()].copy_from_slice(&s);
+                d.make_mut()[at..at + s.len()].copy_from_slice(&s);
             }
             Data::Quant(_) => {
                 return Err(KernelError::DType {
@@ -406,11 +431,11 @@ impl Backend for CpuBackend {
             }
         }
         match &mut cache.data {
-            Data::F32(v) => apply(Arc::make_mut(v).as_mut_slice(), inner, pairs),
-            Data::BF16(v) => apply(Arc::make_mut(v).as_mut_slice(), inner, pairs),
-            Data::F16(v) => apply(Arc::make_mut(v).as_mut_slice(), inner, pairs),
-            Data::I32(v) => apply(Arc::make_mut(v).as_mut_slice(), inner, pairs),
-            Data::I64(v) => apply(Arc::make_mut(v).as_mut_slice(), inner, pairs),
+            Data::F32(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
+            Data::BF16(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
+            Data::F16(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
+            Data::I32(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
+            Data::I64(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
             Data::Quant(_) => {
                 return Err(KernelError::DType {
                     op: OP,

@@ -1,6 +1,7 @@
 //! The CPU backend: the reference implementation of every operation, multi-threaded with rayon.
 
 mod attention;
+mod buf;
 pub mod gemm;
 mod hc;
 mod impl_backend;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
+use super::buf::Buf;
 use crate::DType;
 use crate::backend::TensorInfo;
 use crate::error::{KernelError, Result, shape_err};
@@ -13,11 +14,11 @@ use crate::quant::QuantMatrix;
 /// Buffers by element type (shared; writes copy on demand).
 #[derive(Debug, Clone)]
 pub(crate) enum Data {
-    F32(Arc<Vec<f32>>),
-    BF16(Arc<Vec<bf16>>),
-    F16(Arc<Vec<f16>>),
-    I32(Arc<Vec<i32>>),
-    I64(Arc<Vec<i64>>),
+    F32(Buf<f32>),
+    BF16(Buf<bf16>),
+    F16(Buf<f16>),
+    I32(Buf<i32>),
+    I64(Buf<i64>),
     Quant(Arc<QuantMatrix>),
 }
 
@@ -56,7 +57,7 @@ impl CpuTensor {
         debug_assert_eq!(data.len(), shape.iter().product::<usize>());
         Self {
             shape: shape.to_vec(),
-            data: Data::F32(Arc::new(data)),
+            data: Data::F32(Buf::owned(data)),
         }
     }
 
@@ -64,7 +65,7 @@ impl CpuTensor {
         debug_assert_eq!(data.len(), shape.iter().product::<usize>());
         Self {
             shape: shape.to_vec(),
-            data: Data::I32(Arc::new(data)),
+            data: Data::I32(Buf::owned(data)),
         }
     }
 
@@ -82,6 +83,19 @@ impl CpuTensor {
                 });
             }
         })
+    }
+
+    /// Whether the values are read in place from bytes the tensor does not own (a weight
+    /// made by [`crate::Backend::upload_shared`] from a memory-mapped checkpoint).
+    pub fn is_view(&self) -> bool {
+        match &self.data {
+            Data::F32(b) => b.is_view(),
+            Data::BF16(b) => b.is_view(),
+            Data::F16(b) => b.is_view(),
+            Data::I32(b) => b.is_view(),
+            Data::I64(b) => b.is_view(),
+            Data::Quant(_) => false,
+        }
     }
 
     /// Integer view widened to i64.
