@@ -199,6 +199,30 @@ pub struct ModelConfig {
     pub dspark: Option<DSparkConfig>,
     /// End-of-sequence token, when the config names one.
     pub eos_token_id: Option<usize>,
+    /// `quantization_config.weight_block_size`: the `[rows, cols]` blocks of FP8 weights'
+    /// scales (`[32, 32]` for V4.1-Flash, `[128, 128]` for V4-Flash). `None`: inferred from
+    /// each scale's shape.
+    pub weight_block_size: Option<[usize; 2]>,
+}
+
+fn weight_block_size(q: Option<&Value>) -> Result<Option<[usize; 2]>, ConfigError> {
+    const FIELD: &str = "quantization_config.weight_block_size";
+    let Some(b) = q.and_then(|q| q.get("weight_block_size")) else {
+        return Ok(None);
+    };
+    let dims: Option<Vec<usize>> = b.as_array().map(|a| {
+        a.iter()
+            .filter_map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+            .filter(|&d| d > 0)
+            .collect()
+    });
+    match dims.as_deref() {
+        Some(&[r, c]) if b.as_array().is_some_and(|a| a.len() == 2) => Ok(Some([r, c])),
+        _ => Err(invalid(
+            FIELD,
+            format!("expected two positive integers, got {b}"),
+        )),
+    }
 }
 
 /// Field access over one flat JSON object with alias lists; errors name the first alias.
@@ -492,6 +516,7 @@ impl ModelConfig {
             engram: None,
             dspark: None,
             eos_token_id,
+            weight_block_size: weight_block_size(f.get(&["quantization_config"]))?,
         };
         match kind {
             ModelKind::V41 => cfg.parse_v41(f)?,

@@ -151,9 +151,33 @@ impl fmt::Display for WeightProblems {
 
 impl std::error::Error for WeightProblems {}
 
+/// The part of a published checkpoint that `name` belongs to, when it is one the engine does
+/// not run: the vision tower and its aligner, image embeddings, the vision-language router
+/// bias, and multi-token-prediction layers the model does not use (V4's `mtp.*`; V4.1's
+/// drafter tensors are used and never reach this). Such tensors are skipped on load and
+/// listed; any other tensor the graph does not use is an error (a checkpoint the engine does
+/// not understand).
+pub fn unused_part(name: &str) -> Option<&'static str> {
+    let last = name.rsplit('.').next().unwrap_or(name);
+    if name.starts_with("vision") || name.starts_with("visual.") || name.contains(".vision") {
+        Some("vision tower")
+    } else if name.starts_with("aligner.") {
+        Some("vision aligner")
+    } else if name.starts_with("image_") || name.contains(".image_") {
+        Some("image embeddings")
+    } else if last == "bias_vl" || name.ends_with(".bias_vl.scale") {
+        Some("vision-language router bias")
+    } else if name.starts_with("mtp.") {
+        Some("multi-token prediction")
+    } else {
+        None
+    }
+}
+
 /// Requests tensors from a checkpoint by name and shape, collecting problems.
 pub struct WeightLoader<'a> {
     ck: &'a Checkpoint,
+    fp8_block: Option<[usize; 2]>,
     used: BTreeSet<String>,
     problems: Vec<WeightProblem>,
     fused: HashMap<String, Option<Tensor>>,
@@ -164,10 +188,19 @@ impl<'a> WeightLoader<'a> {
     pub fn new(ck: &'a Checkpoint) -> Self {
         WeightLoader {
             ck,
+            fp8_block: None,
             used: BTreeSet::new(),
             problems: Vec::new(),
             fused: HashMap::new(),
         }
+    }
+
+    /// Decode FP8 weights with scales over `[rows, cols]` blocks (the config's
+    /// `quantization_config.weight_block_size`) instead of inferring the blocks from each
+    /// scale's shape; a scale whose shape does not fit is then a problem.
+    pub fn with_fp8_block(mut self, block: Option<[usize; 2]>) -> Self {
+        self.fp8_block = block;
+        self
     }
 
     /// The stored dtype of `name`, if the checkpoint holds it.
@@ -343,15 +376,22 @@ impl<'a> WeightLoader<'a> {
 
     /// Finish: every stored tensor not requested is reported as unexpected; all problems are
     /// returned together.
-    pub fn finish(mut self) -> Result<(), WeightProblems> {
+    pub fn finish(mut self) -> Result<Vec<String>, WeightProblems> {
+        let mut skipped = Vec::new();
         for name in self.ck.names() {
-            if !self.used.contains(name) {
+            if self.used.contains(name) {
+                continue;
+            }
+            if unused_part(name).is_some() {
+                skipped.push(name.to_string());
+            } else {
                 self.problems
                     .push(WeightProblem::Unexpected { name: name.into() });
             }
         }
         if self.problems.is_empty() {
-            Ok(())
+            skipped.sort();
+            Ok(skipped)
         } else {
             Err(WeightProblems(self.problems))
         }
@@ -444,7 +484,7 @@ impl<'a> WeightLoader<'a> {
                     .iter()
                     .map(|&x| quant::e4m3_to_f32(x))
                     .collect();
-                self.apply_scales(name, &mut v, shape, &dtype_err)?;
+                self.apply_scales(name, &mut v, shape, self.fp8_block, &dtype_err)?;
                 Ok(Tensor::from_vec(shape.to_vec(), v))
             }
             // FP4 e2m1: packed pairs as bytes ([.., in/2]) or the F4 dtype ([.., in]).
@@ -463,7 +503,7 @@ impl<'a> WeightLoader<'a> {
                 let n: usize = shape.iter().product();
                 let mut v = vec![0.0f32; n];
                 quant::unpack_e2m1(bytes.bytes(), &mut v);
-                self.apply_scales(name, &mut v, shape, &dtype_err)?;
+                self.apply_scales(name, &mut v, shape, None, &dtype_err)?;
                 Ok(Tensor::from_vec(shape.to_vec(), v))
             }
             _ => Err(dtype_err(
@@ -477,6 +517,7 @@ impl<'a> WeightLoader<'a> {
         name: &str,
         v: &mut [f32],
         shape: &[usize],
+        block: Option<[usize; 2]>,
         dtype_err: &dyn Fn(&str) -> WeightProblem,
     ) -> Result<(), WeightProblem> {
         let (scales, sshape) = self
@@ -492,8 +533,19 @@ impl<'a> WeightLoader<'a> {
         if sr == 0 || sc == 0 || scales.len() != sr * sc {
             return Err(dtype_err("a non-empty block scale"));
         }
-        let br = rows.div_ceil(sr);
-        let bc = cols.div_ceil(sc);
+        let (br, bc) = match block {
+            Some([br, bc]) => {
+                if rows.div_ceil(br) != sr || cols.div_ceil(bc) != sc {
+                    return Err(dtype_err(&format!(
+                        "a [{}, {}] block scale for weight_block_size [{br}, {bc}]",
+                        rows.div_ceil(br),
+                        cols.div_ceil(bc)
+                    )));
+                }
+                (br, bc)
+            }
+            None => (rows.div_ceil(sr), cols.div_ceil(sc)),
+        };
         if rows.div_ceil(br) != sr || cols.div_ceil(bc) != sc {
             return Err(dtype_err("a block scale whose shape tiles the weight"));
         }

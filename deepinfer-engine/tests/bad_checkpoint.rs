@@ -306,3 +306,103 @@ fn bf16_checkpoint_equals_f32_of_the_rounded_values() {
         eprintln!("bf16-stored weights, {p}: {d:.3e}");
     }
 }
+
+#[test]
+fn parts_the_engine_does_not_run_are_skipped_and_listed() {
+    let extra = [
+        "vision_tower.blocks.0.attn.qkv.weight",
+        "aligner.proj.weight",
+        "image_newline",
+        "layers.2.ffn.gate.bias_vl",
+        "mtp.0.emb.weight",
+        "mtp.0.emb.weight.scale",
+    ];
+    let dir = rewrite(|ts| {
+        for n in extra {
+            ts.push((n.into(), Dtype::F32, vec![2], vec![0; 8]));
+        }
+    });
+    let m = Model::load(dir.path(), backend()).expect("the published extra parts are skipped");
+    let mut want: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(m.skipped_tensors(), want.as_slice());
+    let s = m.skipped_summary().unwrap();
+    assert!(s.starts_with("skipped 6 checkpoint tensor(s)"), "{s}");
+    assert!(
+        s.contains("multi-token prediction: 2") && s.contains("vision tower: 1"),
+        "{s}"
+    );
+    // The weights still give the oracle's logits.
+    let g = golden("v4-tiny-dev");
+    let ids = g["p1.input_ids"].ids();
+    assert!(max_diff(&chunked(&m, &ids, ids.len()), &g["p1.logits"].v) < 1e-4);
+    // Anything else unused is still an error, with the skipped parts not mentioned.
+    let dir = rewrite(|ts| {
+        ts.push((
+            "aligner.proj.weight".into(),
+            Dtype::F32,
+            vec![2],
+            vec![0; 8],
+        ));
+        ts.push((
+            "layers.0.attn.extra".into(),
+            Dtype::F32,
+            vec![1],
+            vec![0; 4],
+        ));
+    });
+    let msg = load_err(dir.path()).to_string();
+    assert!(
+        msg.contains("unexpected tensor `layers.0.attn.extra`"),
+        "{msg}"
+    );
+    assert!(!msg.contains("aligner"), "{msg}");
+}
+
+#[test]
+fn fp8_blocks_come_from_weight_block_size_when_the_config_gives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("q.safetensors");
+    // [48, 4] of 1.0 with a [2, 1] scale (2^1, 2^-1): blocks of 32 rows, the last one short.
+    write(
+        &p,
+        &[
+            (
+                "a.weight".into(),
+                Dtype::F8_E4M3,
+                vec![48, 4],
+                vec![0x38; 192],
+            ),
+            ("a.scale".into(), Dtype::F8_E8M0, vec![2, 1], vec![128, 126]),
+            (
+                "b.weight".into(),
+                Dtype::F8_E4M3,
+                vec![48, 4],
+                vec![0x38; 192],
+            ),
+            ("b.scale".into(), Dtype::F8_E8M0, vec![3, 1], vec![127; 3]),
+        ],
+    );
+    let ck = Checkpoint::open_files(&[p]).unwrap();
+    let rows = |t: &deepinfer_engine::weights::Tensor| {
+        (0..48).map(|r| t.data()[r * 4]).collect::<Vec<f32>>()
+    };
+    let mut ld = WeightLoader::new(&ck).with_fp8_block(Some([32, 32]));
+    let a = ld.f32("a.weight", &[48, 4]);
+    let mut want = vec![2.0; 32];
+    want.extend([0.5; 16]);
+    assert_eq!(rows(&a), want);
+    // A scale that does not fit the configured blocks is a problem, not a misread.
+    ld.f32("b.weight", &[48, 4]);
+    let probs = ld.finish().unwrap_err().0;
+    assert!(
+        matches!(&probs[..], [WeightProblem::Dtype { name, expected, .. }]
+            if name == "b.weight" && expected.contains("weight_block_size [32, 32]")),
+        "{probs:?}"
+    );
+    // Without the config the blocks are inferred from the scale's shape: 24 rows each,
+    // which is what a checkpoint with [32, 32] blocks must not be read as.
+    let mut ld = WeightLoader::new(&ck);
+    let a = ld.f32("a.weight", &[48, 4]);
+    assert_eq!(&rows(&a)[24..32], &[0.5; 8]);
+}

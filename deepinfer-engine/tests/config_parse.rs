@@ -132,3 +132,28 @@ fn model_dir_with_only_deepseek_inference_config_loads() {
     let d = common::max_diff(&common::chunked(&m, &ids, ids.len()), &g["p1.logits"].v);
     assert!(d < 1e-4, "{d:.3e}");
 }
+
+#[test]
+fn weight_block_size_is_read_from_quantization_config() {
+    let mut v = v41();
+    assert_eq!(ModelConfig::from_json(&v).unwrap().weight_block_size, None);
+    v["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [32, 32]});
+    assert_eq!(
+        ModelConfig::from_json(&v).unwrap().weight_block_size,
+        Some([32, 32])
+    );
+    for bad in [
+        json!([32]),
+        json!([0, 32]),
+        json!("32"),
+        json!([32, 32, 1]),
+        json!([-1, 2]),
+    ] {
+        v["quantization_config"]["weight_block_size"] = bad.clone();
+        let e = ModelConfig::from_json(&v).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Invalid { field, .. } if field == "quantization_config.weight_block_size"),
+            "{bad}: {e}"
+        );
+    }
+}

@@ -245,6 +245,9 @@ impl EngineArgs {
                 )
             }
         };
+        if let Some(s) = model.skipped_summary() {
+            eprintln!("{s}");
+        }
         let tok = tokenizer_for(self.model.as_deref(), model.cfg.vocab_size)?;
         let mut front = ChatFrontend::new(tok, model.kind());
         front.default_max_tokens = self.max_tokens;

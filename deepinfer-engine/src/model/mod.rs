@@ -388,6 +388,30 @@ impl<B: Backend> Model<B> {
         &self.global
     }
 
+    /// Checkpoint tensors of parts the engine does not run (vision tower, aligner, image
+    /// embeddings, V4's multi-token prediction, ...), skipped on load; see
+    /// [`crate::weights::unused_part`].
+    pub fn skipped_tensors(&self) -> &[String] {
+        &self.w.skipped
+    }
+
+    /// A one-line summary of [`Model::skipped_tensors`] by part (`None` when none were).
+    pub fn skipped_summary(&self) -> Option<String> {
+        let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+        for n in &self.w.skipped {
+            *by.entry(crate::weights::unused_part(n).unwrap_or("other"))
+                .or_default() += 1;
+        }
+        (!by.is_empty()).then(|| {
+            let parts: Vec<String> = by.iter().map(|(p, n)| format!("{p}: {n}")).collect();
+            format!(
+                "skipped {} checkpoint tensor(s) of parts the engine does not run ({})",
+                self.w.skipped.len(),
+                parts.join(", ")
+            )
+        })
+    }
+
     /// Whether this model has the DSpark drafter.
     pub fn has_drafter(&self) -> bool {
         self.w.dspark.is_some()

@@ -159,6 +159,8 @@ pub struct ModelW<T> {
     pub layers: Vec<BlockW<T>>,
     /// DSpark drafter (V4.1 with `mtp.*`).
     pub dspark: Option<DSparkW<T>>,
+    /// Checkpoint tensors of parts the engine does not run, skipped on load (sorted).
+    pub skipped: Vec<String>,
 }
 
 /// How the matrices that only feed `matmul` (projections, experts, router, head) are held on
@@ -288,7 +290,7 @@ impl<T> ModelW<T> {
         opts: LoadOptions,
     ) -> Result<Self, LoadWeightsError> {
         let mut up = Up {
-            ld: WeightLoader::new(ck),
+            ld: WeightLoader::new(ck).with_fp8_block(cfg.weight_block_size),
             be,
             opts,
         };
@@ -348,7 +350,7 @@ impl<T> ModelW<T> {
                 })
             }
         };
-        up.ld.finish()?;
+        let skipped = up.ld.finish()?;
         Ok(ModelW {
             embed,
             head,
@@ -356,6 +358,7 @@ impl<T> ModelW<T> {
             hc_head,
             layers,
             dspark,
+            skipped,
         })
     }
 }
