@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod backend;
+pub mod comm;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -14,6 +15,7 @@ pub mod sampling;
 pub use backend::{
     Backend, ExpertWeights, HcMixes, RouteParams, RouteScore, SharedBytes, TensorInfo, Unary,
 };
+pub use comm::{CommError, Communicator, DispatchPlan, LocalComm, LocalGroup, combine, dispatch};
 pub use cpu::{CpuBackend, CpuConfig, CpuTensor};
 pub use dtype::DType;
 pub use error::{KernelError, Result};
