@@ -346,3 +346,62 @@ fn a_second_process_finds_the_prefix_in_the_kv_cache_dir() {
     );
     assert_eq!(c1, c2);
 }
+
+#[test]
+fn bench_reports_the_moe_lb_of_the_measured_expert_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = |ranks: &str| -> Vec<String> {
+        [
+            "bench",
+            "--concurrency",
+            "2",
+            "--prompt-len",
+            "8",
+            "--new-tokens",
+            "4",
+            "--expert-load-ranks",
+            ranks,
+            "--output",
+            "b",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let a = args("2");
+    let out = deepinfer(
+        dir.path(),
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("moe_lb over 2 ranks (8 experts"),
+        "{stdout}"
+    );
+    let j: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("b.json")).unwrap()).unwrap();
+    let e = &j["expert_load"];
+    assert!(e["routed_rows"].as_u64().unwrap() > 0);
+    let (c, b) = (
+        e["moe_lb_contiguous"]["mean"].as_f64().unwrap(),
+        e["moe_lb_eplb"]["mean"].as_f64().unwrap(),
+    );
+    assert!(1.0 <= b && b <= c, "{e}");
+    // 8 experts do not split over 3 ranks: one error line.
+    let a = args("3");
+    let out = deepinfer(
+        dir.path(),
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.trim().lines().last().unwrap().starts_with("error:") && err.contains("3 ranks"),
+        "{err}"
+    );
+}

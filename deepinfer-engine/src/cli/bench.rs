@@ -52,6 +52,11 @@ pub struct BenchArgs {
     /// Time-budgeted chunked prefill (see `generate --step-time-budget-ms`).
     #[arg(long)]
     pub step_time_budget_ms: Option<f64>,
+    /// Count the tokens routed to each expert and report the `moe_lb` (max over mean load
+    /// per rank) that this many expert-parallel ranks would see, with the experts split
+    /// contiguously and with EPLB's placement from the measured counts.
+    #[arg(long)]
+    pub expert_load_ranks: Option<usize>,
     /// Output prefix: writes PREFIX.json and PREFIX.svg.
     #[arg(long, default_value = "deepinfer-bench")]
     pub output: PathBuf,
@@ -63,7 +68,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
         batch_invariant: a.deterministic,
         threads: a.threads,
     })?;
-    let (model, label) = match &a.model {
+    let (mut model, label) = match &a.model {
         Some(dir) => (Model::load(dir, be)?, dir.display().to_string()),
         None => {
             let dir = materialize_default(&default_model_dir(DEFAULT_SEED), DEFAULT_SEED)?;
@@ -73,6 +78,16 @@ pub fn run(a: &BenchArgs) -> CliResult {
             )
         }
     };
+    if let Some(r) = a.expert_load_ranks {
+        let e = model.cfg.n_routed_experts;
+        if r == 0 || !e.is_multiple_of(r) {
+            return Err(format!(
+                "--expert-load-ranks: {e} experts do not split evenly over {r} ranks"
+            )
+            .into());
+        }
+    }
+    model.count_expert_load(a.expert_load_ranks.is_some());
     let max_c = a.concurrency.iter().copied().max().unwrap_or(1);
     let cfg = EngineConfig {
         max_num_seqs: max_c,
@@ -104,6 +119,13 @@ pub fn run(a: &BenchArgs) -> CliResult {
         },
     )?;
     print!("{}", bench_table(&points));
+    let eplb = match (a.expert_load_ranks, engine.model().expert_load()) {
+        (Some(ranks), Some(load)) => Some(crate::runtime::eplb_report(&load, ranks)?),
+        _ => None,
+    };
+    if let Some(r) = &eplb {
+        print!("{}", r.table());
+    }
     let setup = serde_json::json!({
         "model": label, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
         "spec_drafts": a.spec_drafts, "spec_budget": format!("{:?}", a.spec_budget).to_lowercase(), "deterministic": a.deterministic, "threads": a.threads, "overlap": !a.no_overlap,
@@ -114,10 +136,11 @@ pub fn run(a: &BenchArgs) -> CliResult {
     let write = |p: &PathBuf, text: String| {
         std::fs::write(p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))
     };
-    write(
-        &json_path,
-        serde_json::to_string_pretty(&bench_json(&points, &setup))?,
-    )?;
+    let mut json = bench_json(&points, &setup);
+    if let (Some(r), Some(obj)) = (&eplb, json.as_object_mut()) {
+        obj.insert("expert_load".into(), r.to_json());
+    }
+    write(&json_path, serde_json::to_string_pretty(&json)?)?;
     write(
         &svg_path,
         bench_svg(&points, &format!("deepinfer offline decode, {label}, CPU")),

@@ -475,6 +475,13 @@ impl<B: Backend> Model<B> {
             }
             None => be.moe_route(&logits, fw.bias.as_ref(), p)?,
         };
+        if let (Some(l), Some(counts)) = (layer, &self.expert_load) {
+            for e in be.download_i64(&idx)? {
+                if let Some(c) = counts.get(l).and_then(|c| c.get(e as usize)) {
+                    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
         if let (Some(l), true) = (layer, ctx.trace.is_some()) {
             let mut v = be.download_i64(&idx)?;
             for row in v.chunks_mut(top_k) {

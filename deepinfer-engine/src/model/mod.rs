@@ -82,6 +82,8 @@ pub struct Model<B: Backend> {
     pub(crate) decoder_replay: bool,
     /// The paged global state (compressed entries, indexer keys) of every sequence.
     pub(crate) global: SharedGlobalCache<B::Tensor>,
+    /// Per layer and routed expert: token rows routed there (when counting is on).
+    pub(crate) expert_load: Option<Vec<Vec<std::sync::atomic::AtomicU64>>>,
 }
 
 /// Blocks in a model's global cache (block ids only; tensors are made as blocks fill).
@@ -206,6 +208,7 @@ impl<B: Backend> Model<B> {
             cache_round_trips: false,
             decoder_replay: false,
             global,
+            expert_load: None,
         })
     }
 
@@ -386,6 +389,34 @@ impl<B: Backend> Model<B> {
     /// The model's paged global cache (compressed entries and indexer keys of all sequences).
     pub fn global_cache(&self) -> &SharedGlobalCache<B::Tensor> {
         &self.global
+    }
+
+    /// Count the token rows routed to each expert of each layer from now on (off by default:
+    /// counting reads the routing indices back to the host every MoE layer).
+    pub fn count_expert_load(&mut self, on: bool) {
+        self.expert_load = on.then(|| {
+            (0..self.cfg.num_layers)
+                .map(|_| {
+                    (0..self.cfg.n_routed_experts)
+                        .map(|_| std::sync::atomic::AtomicU64::new(0))
+                        .collect()
+                })
+                .collect()
+        });
+    }
+
+    /// Token rows routed to each expert of each layer since counting was switched on
+    /// (`[layer][expert]`; `None` when it is off). Drafter layers are not counted.
+    pub fn expert_load(&self) -> Option<Vec<Vec<u64>>> {
+        self.expert_load.as_ref().map(|l| {
+            l.iter()
+                .map(|e| {
+                    e.iter()
+                        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+                        .collect()
+                })
+                .collect()
+        })
     }
 
     /// Checkpoint tensors of parts the engine does not run (vision tower, aligner, image

@@ -9,6 +9,7 @@ pub mod chat;
 pub mod default_model;
 mod device;
 pub mod engine;
+pub mod expert_load;
 pub mod online;
 mod prefix_cache;
 pub mod request;
@@ -19,6 +20,7 @@ pub use default_model::{DEFAULT_SEED, default_model_dir, load_default, materiali
 pub use engine::{
     Engine, EngineConfig, EngineError, Metrics, STEP_HISTORY, SpecBudget, StepTimes, StreamEvent,
 };
+pub use expert_load::{EplbReport, eplb_report};
 pub use online::{EventSink, OnlineEngine, OnlineStats, SubmitError};
 pub use request::{
     FinishReason, GenParams, GrammarConstraint, Output, Request, RequestId, Timing, TokenLogprob,
