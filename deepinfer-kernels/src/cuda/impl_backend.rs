@@ -1,9 +1,10 @@
 //! `impl Backend for CudaBackend`: device tensors ([`CudaTensor`]) and every trait operation.
 //!
-//! **Checked on a device** (one NVIDIA H200, `sm_90a`, 2026-11-29): `tests/cuda_backend_trait.rs`
-//! ran its model-like step on CUDA and the CPU and they matched, and both DeepSeek graphs of
-//! `deepinfer-engine` ran on this backend within 1e-5 of their oracle logits with the same
-//! greedy continuations (that crate's `tests/cuda_golden.rs`).
+//! **Verified on a device** (an NVIDIA H200, `sm_90a`): `tests/cuda_backend_trait.rs` runs a
+//! model-like step on CUDA and the CPU and they match, and both DeepSeek graphs of
+//! `deepinfer-engine` run on this backend within 1e-5 of their oracle logits with the same
+//! greedy continuations (that crate's `tests/cuda_golden.rs`, `#[ignore]`d without a device;
+//! the trait test returns early when no device opens).
 //!
 //! Each operation either launches an existing kernel wrapper of [`CudaBackend`] or, where no
 //! kernel exists yet, **round-trips through the host**: the inputs are downloaded, the held

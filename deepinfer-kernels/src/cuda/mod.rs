@@ -2,17 +2,20 @@
 //! it builds without a CUDA toolkit. Kernels (`kernels/*.cu`) are compiled by NVRTC for the
 //! device's architecture at first use and cached per file.
 //!
-//! **Checked on a device for SM90, compile-checked for SM100**: every kernel is compiled for
-//! `sm_90a` and `sm_100f` in CI (no errors, no register spills), and on 2026-11-29 every
-//! operation was compared with the CPU backend on one NVIDIA H200 (`sm_90a`; all checks of
-//! `tests/cuda_device.rs` passed, run by `scripts/device-check.sh`). The SM100-only paths
-//! (the 256-bit-load GEMV of `kernels/gemv_wide.cu`) have not run on a device. `CudaBackend` exposes the operations as typed methods on device buffers (GEMV /
-//! GEMM against f32, bf16, FP8 and FP4 weights, RMSNorm, softmax, embedding gather, RoPE,
-//! SwiGLU, MoE routing, sink attention, indexer scores, top-k, compressor pooling, paged block
-//! copy, quantise / dequantise, sampling), and implements the [`crate::Backend`] trait on
-//! [`CudaTensor`]s in [`impl_backend`]: most trait operations launch those kernels, the rest
-//! (hyper-connections, grouped expert GEMM, some layout ops, fake quantisation, ..) round-trip
-//! through the host and the CPU backend; that module lists which.
+//! **Verified on SM90, compile-checked for SM100**: every kernel compiles for `sm_90a` and
+//! `sm_100f` without errors or register spills (CI), and every operation matches the CPU
+//! backend on an NVIDIA H200 (`sm_90a`, `tests/cuda_device.rs`, run by
+//! `scripts/device-check.sh` on a device machine). The SM100-only paths (the 256-bit-load GEMV
+//! of `kernels/gemv_wide.cu`) have not run on a device.
+//!
+//! `CudaBackend` exposes the operations as typed methods on device buffers (GEMV / GEMM
+//! against f32, bf16, FP8 and FP4 weights, RMSNorm, softmax, embedding gather, RoPE, SwiGLU,
+//! MoE routing, sink attention, indexer scores, top-k, compressor pooling, hyper-connection
+//! mixes, grouped expert GEMM, paged block copy, quantise / dequantise, sampling), and
+//! implements the [`crate::Backend`] trait on [`CudaTensor`]s in [`impl_backend`]: most trait
+//! operations launch those kernels; the rest (some layout ops, hash routing, fake
+//! quantisation, f16 weights, ..) round-trip through the host and the CPU backend, and that
+//! module lists which.
 
 /// Launches kernel `$entry` of the source file `$file` with launch configuration `$cfg` and
 /// the kernel arguments in order (references to buffers and scalars); evaluates to
