@@ -485,3 +485,112 @@ fn prompts_sharing_a_prefix_resume_near_where_they_diverge() {
         assert_eq!(hot.logprobs, cold.logprobs);
     }
 }
+
+mod streams {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// One request of a stream: which shared prefix, its own tail, `n`, greedy or seeded,
+    /// and (for `n = 1`) the token after which the caller aborts it.
+    #[derive(Debug, Clone)]
+    struct Spec {
+        prefix: usize,
+        tail: usize,
+        n: usize,
+        greedy: bool,
+        abort_after: Option<usize>,
+    }
+
+    fn spec() -> impl Strategy<Value = Spec> {
+        (
+            0usize..2,
+            1usize..14,
+            1usize..3,
+            any::<bool>(),
+            proptest::option::of(1usize..5),
+        )
+            .prop_map(|(prefix, tail, n, greedy, abort)| Spec {
+                prefix,
+                tail,
+                n,
+                greedy,
+                abort_after: abort.filter(|_| n == 1),
+            })
+    }
+
+    fn requests(specs: &[Spec]) -> Vec<Request> {
+        let shared = [prompt(900, 33), prompt(901, 24)];
+        specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let mut p = shared[s.prefix].clone();
+                p.extend(prompt(1000 + i as u64, s.tail));
+                let mut g = if s.greedy {
+                    GenParams::greedy(6)
+                } else {
+                    sampled(i as u64, 6)
+                };
+                g.n = s.n;
+                Request::new(i as u64, p, g)
+            })
+            .collect()
+    }
+
+    /// Outputs by (id, index) of one run; the engine is checked for leaks afterwards.
+    fn run(specs: &[Spec], cfg: EngineConfig) -> BTreeMap<(u64, usize), (Vec<u32>, FinishReason)> {
+        let mut e = engine(cfg);
+        let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut outs = BTreeMap::new();
+        e.generate_stream(requests(specs), |ev| {
+            match ev {
+                StreamEvent::Token { id, .. } => {
+                    let k = seen.entry(*id).or_default();
+                    *k += 1;
+                    if let Some(a) = specs[*id as usize].abort_after {
+                        return *k < a;
+                    }
+                }
+                StreamEvent::Finished(o) => {
+                    outs.insert((o.id, o.index), (o.token_ids.clone(), o.finish_reason));
+                }
+                _ => {}
+            }
+            true
+        })
+        .unwrap();
+        assert_eq!(e.kv_blocks_in_use(), 0, "KV blocks leaked");
+        e.reset_prefix_cache();
+        let g = e.model().global_cache().lock().unwrap().used_blocks();
+        assert_eq!(g, 0, "global-cache blocks leaked");
+        outs
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+        /// Random streams with shared prefixes, forks (`n > 1`), aborts and a pool small
+        /// enough to preempt: no block leaks, and every output equals the one with prefix
+        /// caching off.
+        #[test]
+        fn streams_with_prefixes_forks_aborts_and_preemption_match_no_cache(
+            specs in proptest::collection::vec(spec(), 3..7),
+            blocks in 12usize..40,
+        ) {
+            let cfg = EngineConfig {
+                block_size: 8,
+                num_blocks: blocks,
+                prefix_state_interval: 16,
+                max_num_seqs: 8,
+                max_num_batched_tokens: 64,
+                ..EngineConfig::default()
+            };
+            let cached = run(&specs, cfg.clone());
+            let plain = run(&specs, EngineConfig { prefix_caching: false, ..cfg });
+            let want: usize = specs.iter().map(|s| s.n).sum();
+            prop_assert_eq!(cached.len(), want);
+            prop_assert_eq!(cached, plain);
+        }
+    }
+}

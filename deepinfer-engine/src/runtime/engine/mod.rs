@@ -366,6 +366,19 @@ where
         })
     }
 
+    /// KV blocks held by sequences now (0 between calls: a finished or aborted request
+    /// leaves none behind).
+    pub fn kv_blocks_in_use(&self) -> usize {
+        self.sched.kv().pool().usage().used
+    }
+
+    /// Forget every cached prefix: the host tier's states (and the global-cache blocks they
+    /// hold) and the device pool's cached blocks. The persistent tier keeps its files.
+    pub fn reset_prefix_cache(&mut self) {
+        while self.prefix.evict_lru() {}
+        self.sched.kv_mut().evict_cached(usize::MAX);
+    }
+
     /// KV blocks of the pool, and the most in use at once so far.
     pub fn kv_blocks(&self) -> (usize, usize) {
         (self.sched.kv().pool().num_blocks(), self.kv_peak)
