@@ -10,6 +10,7 @@ pub mod config;
 pub mod engram;
 pub mod model;
 pub mod names;
+pub mod plan;
 pub mod quant;
 #[cfg(feature = "runtime")]
 pub mod runtime;

@@ -13,6 +13,8 @@ pub mod forward_bench;
 pub mod generate;
 #[cfg(feature = "runtime")]
 pub mod perplexity;
+#[cfg(feature = "runtime")]
+pub mod plan;
 pub mod score;
 #[cfg(feature = "server")]
 pub mod serve;
@@ -46,6 +48,9 @@ pub enum Command {
     /// Perplexity of a text file, scored teacher-forced in windows.
     #[cfg(feature = "runtime")]
     Perplexity(perplexity::PerplexityArgs),
+    /// Memory plan of a model on devices: weights, cache per token and sequence, what fits.
+    #[cfg(feature = "runtime")]
+    Plan(plan::PlanArgs),
     /// Serve the model over OpenAI- and Anthropic-compatible HTTP.
     #[cfg(feature = "server")]
     Serve(serve::ServeArgs),
@@ -69,6 +74,8 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Bench(a) => bench::run(&a),
         #[cfg(feature = "runtime")]
         Command::Perplexity(a) => perplexity::run(&a),
+        #[cfg(feature = "runtime")]
+        Command::Plan(a) => plan::run(&a),
         #[cfg(feature = "server")]
         Command::Serve(a) => serve::run(&a),
         #[cfg(feature = "server")]
