@@ -312,6 +312,7 @@ impl ChatFrontend {
                     .unwrap_or(self.default_max_tokens),
                 logprobs: s.logprobs,
                 n: s.n.max(1) as usize,
+                cache_class: traffic_class(body)?,
                 ..GenParams::default()
             },
             parsing: Some(conv.parsing.clone()),
@@ -385,5 +386,74 @@ impl ChatFrontend {
             },
             "system_fingerprint": null,
         })
+    }
+}
+
+/// The traffic class a request's prefix states are kept under in the persistent cache:
+/// `metadata.traffic_class` (`"chat"` or `"agent"`) when given, else agent for a request that
+/// declares tools and chat otherwise.
+fn traffic_class(body: &Value) -> Result<deepinfer_kv::TrafficClass, ChatError> {
+    use deepinfer_kv::TrafficClass;
+    match body.pointer("/metadata/traffic_class") {
+        Some(Value::String(c)) if c == "chat" => Ok(TrafficClass::CHAT),
+        Some(Value::String(c)) if c == "agent" => Ok(TrafficClass::AGENT),
+        Some(v) => Err(ChatError::Request(RequestError::Malformed(format!(
+            "metadata.traffic_class must be \"chat\" or \"agent\", not {v}"
+        )))),
+        None => Ok(
+            if body
+                .get("tools")
+                .and_then(Value::as_array)
+                .is_some_and(|t| !t.is_empty())
+            {
+                TrafficClass::AGENT
+            } else {
+                TrafficClass::CHAT
+            },
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deepinfer_kv::TrafficClass;
+    use serde_json::json;
+
+    #[test]
+    fn the_traffic_class_comes_from_metadata_or_the_tools() {
+        let front = ChatFrontend::new(
+            PromptTokenizer::deepseek_v4().unwrap(),
+            crate::ModelKind::V41,
+        );
+        let class = |body: Value| {
+            let mut body = body;
+            body["model"] = json!("deepinfer");
+            front
+                .prepare(&body, 0, 0)
+                .map(|p| p.requests[0].params.cache_class)
+        };
+        let msgs = json!([{"role": "user", "content": "hi"}]);
+        assert_eq!(
+            class(json!({"messages": msgs})).unwrap(),
+            TrafficClass::CHAT
+        );
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+        assert_eq!(
+            class(json!({"messages": msgs, "tools": tools})).unwrap(),
+            TrafficClass::AGENT
+        );
+        assert_eq!(
+            class(json!({"messages": msgs, "tools": tools, "metadata": {"traffic_class": "chat"}}))
+                .unwrap(),
+            TrafficClass::CHAT
+        );
+        assert_eq!(
+            class(json!({"messages": msgs, "metadata": {"traffic_class": "agent"}})).unwrap(),
+            TrafficClass::AGENT
+        );
+        let e =
+            class(json!({"messages": msgs, "metadata": {"traffic_class": "bulk"}})).unwrap_err();
+        assert!(e.to_string().contains("traffic_class"), "{e}");
     }
 }
