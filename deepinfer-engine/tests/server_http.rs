@@ -442,3 +442,23 @@ fn bounded_load_with_disconnects_and_garbage() {
         s.online.stats()
     );
 }
+
+#[test]
+fn reset_prefix_cache_forgets_cached_prompts() {
+    let s = server();
+    let body = chat_body(
+        "A prompt long enough to span several cache blocks: the quick brown fox jumps over \
+         the lazy dog, again and again, until the cache has something to keep for later.",
+        2,
+        5,
+    );
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let first = post(s.addr, "/v1/chat/completions", &body).json();
+    assert_eq!(cached(&first), Some(0), "{first}");
+    let again = post(s.addr, "/v1/chat/completions", &body).json();
+    assert!(cached(&again).unwrap() > 0, "{again}");
+    assert_eq!(post(s.addr, "/reset_prefix_cache", &json!({})).status, 200);
+    let after = post(s.addr, "/v1/chat/completions", &body).json();
+    assert_eq!(cached(&after), Some(0), "{after}");
+    assert_eq!(first["choices"], after["choices"]);
+}

@@ -133,6 +133,7 @@ enum Msg {
     Submit(Box<Request>, Box<dyn EventSink>),
     Abort(RequestId),
     AbortAll,
+    ResetPrefixCache,
 }
 
 impl OnlineEngine {
@@ -203,6 +204,12 @@ impl OnlineEngine {
     /// finished ids are ignored.
     pub fn abort(&self, id: RequestId) {
         self.send(Msg::Abort(id));
+    }
+
+    /// Forget every cached prefix between two steps (requests in flight keep their state;
+    /// the persistent tier keeps its files).
+    pub fn reset_prefix_cache(&self) {
+        self.send(Msg::ResetPrefixCache);
     }
 
     fn send(&self, m: Msg) {
@@ -331,6 +338,7 @@ impl Channel {
             }
             Msg::Abort(id) => Command::Abort(id),
             Msg::AbortAll => Command::AbortAll,
+            Msg::ResetPrefixCache => Command::ResetPrefixCache,
         }
     }
 

@@ -34,6 +34,12 @@ pub(crate) async fn health(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// `POST /reset_prefix_cache`: forget every cached prefix (as vLLM's endpoint of that name).
+pub(crate) async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> Response {
+    st.online.reset_prefix_cache();
+    StatusCode::OK.into_response()
+}
+
 /// `GET /metrics`: Prometheus text.
 pub(crate) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let text = st.metrics.render(&st.online.stats());

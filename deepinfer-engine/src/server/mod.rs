@@ -131,6 +131,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .route("/metrics", get(misc::metrics))
+        .route("/reset_prefix_cache", post(misc::reset_prefix_cache))
         .fallback(misc::not_found)
         .method_not_allowed_fallback(misc::method_not_allowed)
         .with_state(state)

@@ -92,6 +92,8 @@ pub(crate) enum Command {
     Abort(RequestId),
     /// End every live request now.
     AbortAll,
+    /// Forget every cached prefix ([`Engine::reset_prefix_cache`]).
+    ResetPrefixCache,
 }
 
 /// The offline driver: a fixed set of requests, events to a callback.
@@ -139,6 +141,7 @@ where
                     ids.dedup();
                     self.abort_user(&ids, live, t0, driver);
                 }
+                Command::ResetPrefixCache => self.reset_prefix_cache(),
             }
         }
         true
