@@ -55,7 +55,6 @@ pub struct DispatchPlan {
     dest: Vec<usize>,
     /// Rows received from each rank (the received rows are grouped by source rank).
     received: Vec<usize>,
-    width: usize,
 }
 
 impl DispatchPlan {
@@ -104,20 +103,23 @@ pub fn dispatch(
         DispatchPlan {
             dest: dest.to_vec(),
             received,
-            width,
         },
     ))
 }
 
-/// Sends `results` (one row of the plan's width per received row, in the received order)
-/// back to their source ranks and returns this rank's rows in the order they were
-/// dispatched. Every rank must call it.
+/// Sends `results` (one row of `width` floats per received row, in the received order) back
+/// to their source ranks and returns this rank's rows in the order they were dispatched.
+/// Every rank must call it.
 pub fn combine(
     comm: &mut dyn Communicator,
     results: &[f32],
+    width: usize,
     plan: &DispatchPlan,
 ) -> Result<Vec<f32>, CommError> {
-    let w = plan.width;
+    let w = width;
+    if w == 0 {
+        return Err(CommError::Shape("results of width 0".into()));
+    }
     let total: usize = plan.received.iter().sum();
     if results.len() != total * w {
         return Err(CommError::Shape(format!(
@@ -356,13 +358,13 @@ mod tests {
                 let dest: Vec<usize> = dests.iter().map(|&d| (d + me) % world).collect();
                 let rows: Vec<f32> = (0..dest.len() * width).map(|i| (me * 1000 + i) as f32).collect();
                 let (recv, plan) = dispatch(c, &rows, width, &dest).unwrap();
-                // The "expert" on each rank: add 0.5 to every value it received.
-                let res: Vec<f32> = recv.iter().map(|v| v + 0.5).collect();
-                let back = combine(c, &res, &plan).unwrap();
+                // The "expert" on each rank: the row's first value plus 0.5, one value per row.
+                let res: Vec<f32> = recv.chunks(width).map(|r| r[0] + 0.5).collect();
+                let back = combine(c, &res, 1, &plan).unwrap();
                 (rows, back)
             });
             for (rows, back) in out {
-                let want: Vec<f32> = rows.iter().map(|v| v + 0.5).collect();
+                let want: Vec<f32> = rows.chunks(width).map(|r| r[0] + 0.5).collect();
                 prop_assert_eq!(back, want);
             }
         }
@@ -394,7 +396,7 @@ mod tests {
         ));
         let (_, plan) = dispatch(c, &[1.0, 2.0], 2, &[0]).unwrap();
         assert!(matches!(
-            combine(c, &[1.0], &plan),
+            combine(c, &[1.0], 2, &plan),
             Err(CommError::Shape(_))
         ));
     }

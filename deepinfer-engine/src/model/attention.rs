@@ -19,7 +19,7 @@ impl<B: Backend> Model<B> {
     /// Attention for layer `l`; `x` is `[S, D]` (normed collapsed streams).
     pub(crate) fn attention(
         &self,
-        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        ctx: &mut Ctx<'_, '_, '_, B::Tensor>,
         x: &B::Tensor,
         l: usize,
     ) -> R<B::Tensor> {
@@ -181,7 +181,7 @@ impl<B: Backend> Model<B> {
     /// V4.1 KV source: pool this chunk's complete groups into entries and indexer keys.
     pub(crate) fn compress_v41(
         &self,
-        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        ctx: &mut Ctx<'_, '_, '_, B::Tensor>,
         x: &B::Tensor,
         l: usize,
     ) -> R<()> {
@@ -271,7 +271,7 @@ impl<B: Backend> Model<B> {
     /// V4 compressor (main or the indexer's own), CSA with overlap or HCA without.
     fn compress_v4(
         &self,
-        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        ctx: &mut Ctx<'_, '_, '_, B::Tensor>,
         x: &B::Tensor,
         l: usize,
         cw: &CompressorW<B::Tensor>,
@@ -370,7 +370,7 @@ impl<B: Backend> Model<B> {
     /// V4.1 index source: top-k of `owner`'s keys, with candidate blocks.
     fn indexer_v41(
         &self,
-        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        ctx: &mut Ctx<'_, '_, '_, B::Tensor>,
         x: &B::Tensor,
         qr: &B::Tensor,
         l: usize,
@@ -486,7 +486,7 @@ impl<B: Backend> Model<B> {
     /// V4 CSA indexer over the layer's own index keys.
     fn indexer_v4(
         &self,
-        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        ctx: &mut Ctx<'_, '_, '_, B::Tensor>,
         x: &B::Tensor,
         qr: &B::Tensor,
         l: usize,

@@ -35,7 +35,7 @@ impl<B: Backend> Model<B> {
     /// last `sliding_window` positions.
     pub(crate) fn dspark_context(
         &self,
-        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        ctx: &mut Ctx<'_, '_, '_, B::Tensor>,
         main_hidden: &B::Tensor,
     ) -> R<()> {
         let Some(dw) = self.w.dspark.as_ref() else {
@@ -155,6 +155,7 @@ impl<B: Backend> Model<B> {
             trace: None,
             replay: false,
             skip_compress: None,
+            ep: None,
         };
         for (j, sw) in dw.stages.iter().enumerate() {
             let ma = self.hc(&x, &sw.hc_attn)?;

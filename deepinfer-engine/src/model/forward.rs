@@ -44,7 +44,7 @@ pub(crate) struct Seg {
 }
 
 /// What a forward pass carries between layers.
-pub(crate) struct Ctx<'a, 'b, T> {
+pub(crate) struct Ctx<'a, 'b, 'c, T> {
     pub segs: Vec<Seg>,
     pub states: Vec<&'b mut SeqState<T>>,
     pub pos: Vec<i64>,
@@ -58,12 +58,14 @@ pub(crate) struct Ctx<'a, 'b, T> {
     pub replay: bool,
     /// Decoder-side bounded replay: this layer's compressor already ran on every row.
     pub skip_compress: Option<usize>,
+    /// Expert parallelism: this rank's side of the group.
+    pub ep: Option<&'b mut super::expert_parallel::ExpertParallel<'c>>,
 }
 
 impl<B: Backend> Model<B> {
     pub(crate) fn record(
         &self,
-        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        ctx: &mut Ctx<'_, '_, '_, B::Tensor>,
         name: &str,
         t: &B::Tensor,
     ) -> R<()> {
@@ -97,7 +99,16 @@ impl<B: Backend> Model<B> {
         items: &mut [BatchItem<'_, B::Tensor>],
         trace: Option<&mut Trace>,
     ) -> R<(B::Tensor, Vec<usize>)> {
-        self.forward_hidden_mode(items, trace, false)
+        self.forward_hidden_mode(items, trace, false, None)
+    }
+
+    /// [`Model::forward_hidden`] as one rank of an expert-parallel group.
+    pub(crate) fn forward_hidden_ep(
+        &self,
+        items: &mut [BatchItem<'_, B::Tensor>],
+        ep: &mut super::expert_parallel::ExpertParallel<'_>,
+    ) -> R<(B::Tensor, Vec<usize>)> {
+        self.forward_hidden_mode(items, None, false, Some(ep))
     }
 
     pub(crate) fn forward_hidden_mode(
@@ -105,6 +116,7 @@ impl<B: Backend> Model<B> {
         items: &mut [BatchItem<'_, B::Tensor>],
         trace: Option<&mut Trace>,
         replay: bool,
+        ep: Option<&mut super::expert_parallel::ExpertParallel<'_>>,
     ) -> R<(B::Tensor, Vec<usize>)> {
         let c = &self.cfg;
         let be = &self.be;
@@ -176,6 +188,7 @@ impl<B: Backend> Model<B> {
             trace,
             replay,
             skip_compress: None,
+            ep,
         };
         let orig_segs = ctx.segs.clone();
         let orig_ids = ctx.ids.clone();
@@ -441,7 +454,7 @@ impl<B: Backend> Model<B> {
     /// MoE with sqrt-softplus routing (or hash routing), clamped SwiGLU, shared expert.
     pub(crate) fn moe(
         &self,
-        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        ctx: &mut Ctx<'_, '_, '_, B::Tensor>,
         x: &B::Tensor,
         fw: &super::weights::FfnW<B::Tensor>,
         top_k: usize,
@@ -496,19 +509,14 @@ impl<B: Backend> Model<B> {
             }
             self.record(ctx, &format!("l{l}.router.logits"), &logits)?;
         }
-        let experts: Vec<deepinfer_kernels::ExpertWeights<'_, B::Tensor>> = fw
-            .experts
-            .iter()
-            .map(|(g, u, d)| deepinfer_kernels::ExpertWeights {
-                gate: g,
-                up: u,
-                down: d,
-            })
-            .collect();
+        let experts = super::expert_parallel::expert_list(&fw.experts);
         let lim = c.swiglu_limit as f32;
         drop(sp);
         let sp = super::prof::span("moe.experts");
-        let routed = be.moe_experts(x, &idx, &wts, &experts, lim)?;
+        let routed = match (layer, ctx.ep.as_deref_mut()) {
+            (Some(_), Some(ep)) => ep.routed(be, x, &idx, &wts, &experts, lim)?,
+            _ => be.moe_experts(x, &idx, &wts, &experts, lim)?,
+        };
         drop(sp);
         let _sp = super::prof::span("moe.shared");
         let (w1, w3, w2) = &fw.shared;
@@ -519,7 +527,7 @@ impl<B: Backend> Model<B> {
     /// Engram injection: `X_n += gate_n * value` with a signed-sqrt sigmoid gate per stream.
     fn engram(
         &self,
-        ctx: &mut Ctx<'_, '_, B::Tensor>,
+        ctx: &mut Ctx<'_, '_, '_, B::Tensor>,
         x: &B::Tensor,
         ew: &super::weights::EngramW<B::Tensor>,
         hash: &B::Tensor,

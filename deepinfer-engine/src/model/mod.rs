@@ -2,6 +2,7 @@
 
 mod attention;
 mod dspark;
+mod expert_parallel;
 mod forward;
 mod global;
 mod prof;
@@ -12,6 +13,7 @@ pub mod sync;
 mod weights;
 
 pub use dspark::Draft;
+pub use expert_parallel::{ExpertParallel, contiguous_owners};
 pub use forward::{BatchItem, Logits, Trace};
 pub use global::{GlobalCache, GlobalPart, GlobalTable, SharedGlobalCache};
 pub use prof::profile_report;
@@ -335,7 +337,8 @@ impl<B: Backend> Model<B> {
                 state: &mut *state,
                 tokens,
             }];
-            self.forward_hidden_mode(&mut items, None, true).map(|_| ())
+            self.forward_hidden_mode(&mut items, None, true, None)
+                .map(|_| ())
         };
         state.pos += n;
         state.history.extend(tail);

@@ -1,0 +1,197 @@
+//! The expert-parallel forward: attention is data-parallel (each rank runs its own
+//! sequences) and ranks meet at every MoE layer, where each (token row, routing slot) is
+//! dispatched to the rank that holds its routed expert, computed there, and combined back.
+//!
+//! Every rank calls [`Model::forward_ep`] once per step, in lockstep: a rank with no
+//! sequences passes an empty batch and still joins each layer's exchange. Results come back
+//! in a fixed order and the weighted sum over a row's slots is taken in slot order on the
+//! row's own rank, exactly as the single-rank `moe_experts` takes it, so with batch-invariant
+//! kernels a rank's logits are bit-identical to the single-rank forward of its sequences.
+//! Each rank computes only the routed experts `owners` assigns to it; the dense weights and
+//! the shared expert run on every rank.
+
+use super::{BatchItem, Logits, Model, ModelError};
+use deepinfer_kernels::{Backend, Communicator, ExpertWeights, TensorInfo, combine, dispatch};
+
+type R<T> = Result<T, ModelError>;
+
+/// One rank's side of an expert-parallel group.
+pub struct ExpertParallel<'a> {
+    /// This rank's end of the group's communicator.
+    pub comm: &'a mut dyn Communicator,
+    /// The rank that holds each routed expert (the same on every rank).
+    pub owners: &'a [usize],
+}
+
+/// `experts` routed experts split over `ranks` ranks in contiguous runs (rank `r` holds
+/// experts `r·E/N ..`), the placement without redundancy.
+pub fn contiguous_owners(experts: usize, ranks: usize) -> Vec<usize> {
+    (0..experts)
+        .map(|e| e * ranks.max(1) / experts.max(1))
+        .collect()
+}
+
+fn comm_err(e: deepinfer_kernels::CommError) -> ModelError {
+    ModelError::Input(format!("expert-parallel exchange: {e}"))
+}
+
+impl ExpertParallel<'_> {
+    fn check(&self, experts: usize) -> R<()> {
+        let world = self.comm.world();
+        if self.owners.len() != experts {
+            return Err(ModelError::Input(format!(
+                "expert owners list {} experts, the model has {experts}",
+                self.owners.len()
+            )));
+        }
+        if let Some(&bad) = self.owners.iter().find(|&&r| r >= world) {
+            return Err(ModelError::Input(format!(
+                "expert owner rank {bad} outside a group of {world}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The routed-expert output `[S, D]` of this rank's rows `x` with routing `idx` / `wts`
+    /// (`[S, k]`), computed across the group.
+    pub(crate) fn routed<B: Backend>(
+        &mut self,
+        be: &B,
+        x: &B::Tensor,
+        idx: &B::Tensor,
+        wts: &B::Tensor,
+        experts: &[ExpertWeights<'_, B::Tensor>],
+        limit: f32,
+    ) -> R<B::Tensor> {
+        let (s, d) = (x.shape()[0], x.shape()[1]);
+        let k = idx.shape().get(1).copied().unwrap_or(0);
+        let iv = be.download_i64(idx)?;
+        let wv = be.download_f32(wts)?;
+        let xv = be.download_f32(x)?;
+        // Each used (row, slot): the expert id, then the row.
+        let width = d + 1;
+        let mut rows = Vec::new();
+        let mut dest = Vec::new();
+        for r in 0..s {
+            for j in 0..k {
+                let e = iv[r * k + j];
+                if e < 0 {
+                    continue;
+                }
+                let owner = *self
+                    .owners
+                    .get(e as usize)
+                    .ok_or_else(|| ModelError::Input(format!("routed expert {e} has no owner")))?;
+                dest.push(owner);
+                rows.push(e as f32);
+                rows.extend_from_slice(&xv[r * d..(r + 1) * d]);
+            }
+        }
+        let (recv, plan) = dispatch(self.comm, &rows, width, &dest).map_err(comm_err)?;
+        let n = recv.len() / width;
+        let y = if n == 0 {
+            Vec::new()
+        } else {
+            let ids: Vec<i64> = recv.chunks(width).map(|c| c[0] as i64).collect();
+            if let Some(&bad) = ids
+                .iter()
+                .find(|&&e| self.owners.get(e as usize) != Some(&self.comm.rank()))
+            {
+                return Err(ModelError::Input(format!(
+                    "rank {} was sent expert {bad}, which it does not hold",
+                    self.comm.rank()
+                )));
+            }
+            let xr: Vec<f32> = recv.chunks(width).flat_map(|c| c[1..].to_vec()).collect();
+            // One slot of weight 1 per row: `moe_experts` gives each row its expert's output
+            // as is (0 + 1·y = y).
+            let out = be.moe_experts(
+                &be.upload_f32(&xr, &[n, d])?,
+                &be.upload_i64(&ids, &[n, 1])?,
+                &be.upload_f32(&vec![1.0; n], &[n, 1])?,
+                experts,
+                limit,
+            )?;
+            be.download_f32(&out)?
+        };
+        let back = combine(self.comm, &y, d, &plan).map_err(comm_err)?;
+        // The weighted sum over each row's slots, in slot order, as `moe_experts` takes it.
+        let mut out = vec![0.0f32; s * d];
+        let mut at = 0;
+        for r in 0..s {
+            let o = &mut out[r * d..(r + 1) * d];
+            for j in 0..k {
+                if iv[r * k + j] < 0 {
+                    continue;
+                }
+                let w = wv[r * k + j];
+                for (ov, yv) in o.iter_mut().zip(&back[at * d..(at + 1) * d]) {
+                    *ov += w * yv;
+                }
+                at += 1;
+            }
+        }
+        Ok(be.upload_f32(&out, &[s, d])?)
+    }
+
+    /// A layer's exchange for a rank without rows of its own: it sends nothing and still
+    /// serves its experts for the others.
+    fn idle_layer<B: Backend>(
+        &mut self,
+        be: &B,
+        experts: &[ExpertWeights<'_, B::Tensor>],
+        d: usize,
+        limit: f32,
+    ) -> R<()> {
+        let x = be.upload_f32(&[], &[0, d])?;
+        let idx = be.upload_i64(&[], &[0, 1])?;
+        let w = be.upload_f32(&[], &[0, 1])?;
+        self.routed(be, &x, &idx, &w, experts, limit).map(|_| ())
+    }
+}
+
+impl<B: Backend> Model<B>
+where
+    B::Tensor: Clone,
+{
+    /// [`Model::forward`] as one rank of an expert-parallel group (see the module docs).
+    /// `items` may be empty: the rank then serves its experts for the others and returns no
+    /// logits. Every rank of the group must call it for the same step. Not available with
+    /// the decoder-side bounded replay (its layers run twice on some rows).
+    pub fn forward_ep(
+        &self,
+        items: &mut [BatchItem<'_, B::Tensor>],
+        which: Logits,
+        ep: &mut ExpertParallel<'_>,
+    ) -> R<Vec<Vec<f32>>> {
+        ep.check(self.cfg.n_routed_experts)?;
+        if self.decoder_replay {
+            return Err(ModelError::Input(
+                "the expert-parallel forward does not run with decoder-side bounded replay".into(),
+            ));
+        }
+        if items.is_empty() {
+            let lim = self.cfg.swiglu_limit as f32;
+            for lw in &self.w.layers {
+                let experts = expert_list(&lw.ffn.experts);
+                ep.idle_layer(&self.be, &experts, self.cfg.hidden_size, lim)?;
+            }
+            return Ok(Vec::new());
+        }
+        super::sync::check_host_read("Model::forward_ep (logits to the host)")?;
+        let (h, rows) = self.forward_hidden_ep(items, ep)?;
+        self.head_logits(&h, rows, which)
+    }
+}
+
+/// The routed experts of a layer as `moe_experts` takes them.
+pub(crate) fn expert_list<T>(experts: &[(T, T, T)]) -> Vec<ExpertWeights<'_, T>> {
+    experts
+        .iter()
+        .map(|(g, u, d)| ExpertWeights {
+            gate: g,
+            up: u,
+            down: d,
+        })
+        .collect()
+}
