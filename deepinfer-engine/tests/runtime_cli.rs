@@ -405,3 +405,36 @@ fn bench_reports_the_moe_lb_of_the_measured_expert_load() {
         "{err}"
     );
 }
+
+#[test]
+fn generate_with_expert_parallel_ranks_writes_the_same_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |ep: &str, out: &str| {
+        let o = deepinfer(
+            dir.path(),
+            &[
+                "generate",
+                "--deterministic",
+                "--max-tokens",
+                "6",
+                "--expert-parallel",
+                ep,
+                "--output",
+                out,
+            ],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = std::fs::read_to_string(dir.path().join(out)).unwrap();
+        text.lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                v["response"]["body"]["choices"].to_string()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run("1", "one.jsonl"), run("4", "four.jsonl"));
+    let o = deepinfer(dir.path(), &["generate", "--expert-parallel", "0"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("expert_parallel"), "{err}");
+}

@@ -594,3 +594,40 @@ mod streams {
         }
     }
 }
+
+#[test]
+fn expert_parallel_ranks_give_the_tokens_of_one_rank() {
+    let reqs: Vec<Request> = (0..6u64)
+        .map(|i| Request::new(i, prompt(700 + i, 9 + 5 * i as usize), sampled(i, 8)))
+        .collect();
+    for (drafts, overlap) in [(0, true), (3, false)] {
+        let cfg = |ep| EngineConfig {
+            expert_parallel: ep,
+            spec_drafts: drafts,
+            overlap,
+            ..EngineConfig::default()
+        };
+        let one = engine(cfg(1)).generate(reqs.clone()).unwrap();
+        for ep in [2, 3] {
+            let got = engine(cfg(ep)).generate(reqs.clone()).unwrap();
+            for (a, b) in one.iter().zip(&got) {
+                assert_eq!(
+                    a.token_ids, b.token_ids,
+                    "ep {ep}, drafts {drafts}, request {}",
+                    a.id
+                );
+                assert_eq!(a.logprobs, b.logprobs, "ep {ep}, drafts {drafts}");
+            }
+        }
+    }
+    let model = Model::load(&fixture(), CpuBackend::batch_invariant()).unwrap();
+    let e = Engine::new(
+        model,
+        EngineConfig {
+            expert_parallel: 9,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("routed experts"), "{e}");
+}

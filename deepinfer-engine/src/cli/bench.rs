@@ -57,6 +57,9 @@ pub struct BenchArgs {
     /// contiguously and with EPLB's placement from the measured counts.
     #[arg(long)]
     pub expert_load_ranks: Option<usize>,
+    /// Expert parallelism over N in-process CPU ranks (see `generate --expert-parallel`).
+    #[arg(long, default_value_t = 1)]
+    pub expert_parallel: usize,
     /// Output prefix: writes PREFIX.json and PREFIX.svg.
     #[arg(long, default_value = "deepinfer-bench")]
     pub output: PathBuf,
@@ -99,6 +102,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
         overlap: !a.no_overlap,
         sync_check: a.sync_check,
         step_time_budget_ms: a.step_time_budget_ms,
+        expert_parallel: a.expert_parallel,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(model, cfg)?;
@@ -128,7 +132,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
     }
     let setup = serde_json::json!({
         "model": label, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
-        "spec_drafts": a.spec_drafts, "spec_budget": format!("{:?}", a.spec_budget).to_lowercase(), "deterministic": a.deterministic, "threads": a.threads, "overlap": !a.no_overlap,
+        "spec_drafts": a.spec_drafts, "spec_budget": format!("{:?}", a.spec_budget).to_lowercase(), "deterministic": a.deterministic, "threads": a.threads, "overlap": !a.no_overlap, "expert_parallel": a.expert_parallel,
         "backend": "cpu",
     });
     let json_path = a.output.with_extension("json");

@@ -63,6 +63,10 @@ pub struct EngineArgs {
     /// Disable prefix caching.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Expert parallelism over N in-process CPU ranks: each step's sequences are split over
+    /// the ranks, which exchange token rows with the rank holding each routed expert.
+    #[arg(long, default_value_t = 1)]
+    pub expert_parallel: usize,
     /// Keep a prefix state every this many prompt tokens (0: only at each prompt's largest
     /// reusable prefix), so prompts sharing a prefix resume near where they diverge.
     #[arg(long, default_value_t = 512)]
@@ -210,6 +214,7 @@ impl EngineArgs {
             sync_check: self.sync_check,
             step_time_budget_ms: self.step_time_budget_ms,
             spec_slack: self.spec_slack,
+            expert_parallel: self.expert_parallel,
             prefix_state_interval: self.prefix_state_interval,
             window_cache_memory: self.window_cache_memory,
             kv_cache_dir: self.kv_cache_dir.clone(),

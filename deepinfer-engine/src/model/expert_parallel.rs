@@ -195,3 +195,75 @@ pub(crate) fn expert_list<T>(experts: &[(T, T, T)]) -> Vec<ExpertWeights<'_, T>>
         })
         .collect()
 }
+
+impl<B: Backend> Model<B>
+where
+    B::Tensor: Clone,
+{
+    /// The batch as `ranks` in-process expert-parallel ranks, one thread each: item `i` runs
+    /// on rank `i mod ranks`, the routed experts are split contiguously
+    /// ([`contiguous_owners`]), and the logits come back in item order (bit-identical to
+    /// [`Model::forward`] with batch-invariant kernels). The rank threads use the kernels'
+    /// thread pool, so the caller must not be one of that pool's threads (it would wait on
+    /// ranks that need it): that is an error.
+    pub fn forward_expert_parallel(
+        &self,
+        items: Vec<BatchItem<'_, B::Tensor>>,
+        which: Logits,
+        ranks: usize,
+    ) -> R<Vec<Vec<f32>>> {
+        if ranks == 0 || ranks > self.cfg.n_routed_experts.max(1) {
+            return Err(ModelError::Input(format!(
+                "{ranks} expert-parallel ranks for {} routed experts",
+                self.cfg.n_routed_experts
+            )));
+        }
+        if rayon::current_thread_index().is_some() {
+            return Err(ModelError::Input(
+                "the expert-parallel forward cannot run on a thread of rayon's pool".into(),
+            ));
+        }
+        let n = items.len();
+        let mut per: Vec<Vec<BatchItem<'_, B::Tensor>>> = (0..ranks).map(|_| Vec::new()).collect();
+        for (i, it) in items.into_iter().enumerate() {
+            per[i % ranks].push(it);
+        }
+        let owners = contiguous_owners(self.cfg.n_routed_experts, ranks);
+        let comms =
+            deepinfer_kernels::LocalGroup::ranks(ranks, std::time::Duration::from_secs(600));
+        let outs: Vec<R<Vec<Vec<f32>>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .zip(per.iter_mut())
+                .map(|(mut comm, mine)| {
+                    let owners = &owners;
+                    s.spawn(move || {
+                        let mut ep = ExpertParallel {
+                            comm: &mut comm,
+                            owners,
+                        };
+                        self.forward_ep(mine, which, &mut ep)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ModelError::Input("an expert-parallel rank panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        let mut by_rank = Vec::with_capacity(ranks);
+        for o in outs {
+            by_rank.push(o?.into_iter());
+        }
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            out.push(by_rank[i % ranks].next().ok_or_else(|| {
+                ModelError::Input("an expert-parallel rank returned too few rows".into())
+            })?);
+        }
+        Ok(out)
+    }
+}

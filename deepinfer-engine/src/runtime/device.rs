@@ -99,6 +99,8 @@ pub(crate) struct JobCfg {
     pub snapshot_block: Option<usize>,
     /// Most drafts per row (budgeted drafting ahead).
     pub spec_drafts: usize,
+    /// In-process expert-parallel ranks of each forward (1: none).
+    pub expert_parallel: usize,
 }
 
 /// Time and counts of one job.
@@ -489,7 +491,11 @@ where
     let tf = Instant::now();
     let res = {
         let _span = tracing::debug_span!("forward", sequences = items.len()).entered();
-        model.forward(&mut items, which, None)
+        if cfg.expert_parallel > 1 {
+            model.forward_expert_parallel(std::mem::take(&mut items), which, cfg.expert_parallel)
+        } else {
+            model.forward(&mut items, which, None)
+        }
     };
     drop(items);
     st.forward_ms += ms_since(tf);

@@ -64,6 +64,12 @@ pub struct EngineConfig {
     /// rule: a hit reuses at most `L − window − spec_slack` prompt tokens, L − 134 for
     /// V4.1-Flash's window of 128 with the default 6). Independent of `spec_drafts`.
     pub spec_slack: usize,
+    /// Expert parallelism over this many in-process ranks (1: off): each forward splits its
+    /// sequences over the ranks (data-parallel attention) and the ranks exchange token rows
+    /// with the rank holding each routed expert at every MoE layer ([`Model::forward_ep`]);
+    /// with batch-invariant kernels outputs are those of one rank. At most the number of
+    /// routed experts. The drafter's experts run where its rows are.
+    pub expert_parallel: usize,
 }
 
 /// How many drafts each decode row verifies.
@@ -102,6 +108,7 @@ impl Default for EngineConfig {
             global_cache_blocks: None,
             step_time_budget_ms: None,
             spec_slack: 6,
+            expert_parallel: 1,
         }
     }
 }

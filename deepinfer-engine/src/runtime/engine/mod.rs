@@ -157,6 +157,13 @@ where
                 "num_blocks and block_size must be positive".into(),
             ));
         }
+        let experts = model.cfg.n_routed_experts;
+        if cfg.expert_parallel == 0 || cfg.expert_parallel > experts.max(1) {
+            return Err(EngineError::Config(format!(
+                "expert_parallel {} must be between 1 and the model's {experts} routed experts",
+                cfg.expert_parallel
+            )));
+        }
         if cfg.spec_drafts > 0 {
             let block = model.cfg.dspark.as_ref().map(|d| d.block_size).unwrap_or(0);
             if !model.has_drafter() || cfg.spec_drafts > block {
@@ -493,7 +500,9 @@ where
                         }
                     }
                 };
-                if park {
+                // Expert-parallel ranks wait on each other: the loop stays off the pool
+                // their kernels need.
+                if park && jcfg.expert_parallel <= 1 {
                     on_pool(device_loop)
                 } else {
                     device_loop()
@@ -513,6 +522,7 @@ where
             eos: self.model.cfg.eos_token_id.map(|e| e as u32),
             snapshot_block: self.cfg.prefix_caching.then_some(self.cfg.block_size),
             spec_drafts: self.cfg.spec_drafts,
+            expert_parallel: self.cfg.expert_parallel,
         }
     }
 }

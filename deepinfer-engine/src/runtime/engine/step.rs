@@ -145,7 +145,11 @@ where
         let done = match worker {
             None => {
                 let model = &*self.model;
-                on_pool(|| run_job(model, jcfg, job))
+                if jcfg.expert_parallel > 1 {
+                    run_job(model, jcfg, job)
+                } else {
+                    on_pool(|| run_job(model, jcfg, job))
+                }
             }
             Some(w) => {
                 w.jobs
