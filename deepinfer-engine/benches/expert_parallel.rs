@@ -6,7 +6,7 @@
 //!
 //! `cargo bench -p deepinfer-engine --bench expert_parallel`
 
-use deepinfer_engine::model::{ExpertParallel, contiguous_owners};
+use deepinfer_engine::model::{ExpertParallel, ExpertPlacement};
 use deepinfer_engine::runtime::load_default;
 use deepinfer_engine::{BatchItem, Logits, Model};
 use deepinfer_kernels::{CpuBackend, LocalGroup};
@@ -66,16 +66,17 @@ fn run(m: &Model<CpuBackend>, world: usize) -> f64 {
     if world == 1 {
         steps(m, &all, None);
     } else {
-        let owners = contiguous_owners(m.cfg.n_routed_experts, world);
+        let placement =
+            ExpertPlacement::contiguous(m.cfg.num_layers, m.cfg.n_routed_experts, world);
         let comms = LocalGroup::ranks(world, Duration::from_secs(600));
         std::thread::scope(|s| {
             for (r, mut comm) in comms.into_iter().enumerate() {
                 let mine: Vec<Vec<u32>> = all.iter().skip(r).step_by(world).cloned().collect();
-                let owners = &owners;
+                let placement = &placement;
                 s.spawn(move || {
                     let mut ep = ExpertParallel {
                         comm: &mut comm,
-                        owners,
+                        placement,
                     };
                     steps(m, &mine, Some(&mut ep));
                 });

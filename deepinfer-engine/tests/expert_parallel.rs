@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use deepinfer_engine::model::{ExpertParallel, contiguous_owners};
+use deepinfer_engine::model::{ExpertParallel, ExpertPlacement};
 use deepinfer_engine::{BatchItem, Logits, Model};
 use deepinfer_kernels::{CpuBackend, LocalGroup};
 use std::time::Duration;
@@ -46,20 +46,22 @@ fn single(m: &Model<CpuBackend>, prompts: &[Vec<u32>]) -> Logs {
     steps
 }
 
-fn ep_run(m: &Model<CpuBackend>, per_rank: &[Vec<Vec<u32>>]) -> Vec<Logs> {
+fn ep_run(
+    m: &Model<CpuBackend>,
+    per_rank: &[Vec<Vec<u32>>],
+    placement: &ExpertPlacement,
+) -> Vec<Logs> {
     let world = per_rank.len();
-    let owners = contiguous_owners(m.cfg.n_routed_experts, world);
     let comms = LocalGroup::ranks(world, Duration::from_secs(60));
     std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
             .zip(per_rank)
             .map(|(mut comm, prompts)| {
-                let owners = &owners;
                 s.spawn(move || {
                     let mut ep = ExpertParallel {
                         comm: &mut comm,
-                        owners,
+                        placement,
                     };
                     let mut states: Vec<_> = prompts.iter().map(|_| m.new_state()).collect();
                     let mut inputs: Vec<Vec<u32>> = prompts.clone();
@@ -100,13 +102,37 @@ fn every_rank_gets_its_single_rank_logits_bit_for_bit() {
                     }
                 })
                 .collect();
-            let got = ep_run(&m, &per_rank);
-            for (r, prompts) in per_rank.iter().enumerate() {
-                assert_eq!(
-                    got[r],
-                    single(&m, prompts),
-                    "{dir}, world {world}, rank {r}"
-                );
+            let (layers, experts) = (m.cfg.num_layers, m.cfg.n_routed_experts);
+            let contiguous = ExpertPlacement::contiguous(layers, experts, world);
+            // Replicas: expert e of layer l on rank (e + l) mod N and, for even e, also on
+            // the next rank.
+            let replicated = ExpertPlacement::from_replicas(
+                world,
+                (0..layers)
+                    .map(|l| {
+                        (0..experts)
+                            .map(|e| {
+                                let r = (e + l) % world;
+                                if e % 2 == 0 {
+                                    vec![r, (r + 1) % world]
+                                } else {
+                                    vec![r]
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            )
+            .unwrap();
+            for placement in [&contiguous, &replicated] {
+                let got = ep_run(&m, &per_rank, placement);
+                for (r, prompts) in per_rank.iter().enumerate() {
+                    assert_eq!(
+                        got[r],
+                        single(&m, prompts),
+                        "{dir}, world {world}, rank {r}"
+                    );
+                }
             }
         }
     }
@@ -118,10 +144,10 @@ fn bad_set_ups_are_errors() {
     let mut comms = LocalGroup::ranks(1, Duration::from_secs(5));
     let toks = [3u32, 4, 5];
     let mut st = m.new_state();
-    let mut run = |owners: &[usize]| {
+    let mut run = |placement: &ExpertPlacement| {
         let mut ep = ExpertParallel {
             comm: &mut comms[0],
-            owners,
+            placement,
         };
         let mut items = [BatchItem {
             state: &mut st,
@@ -132,7 +158,12 @@ fn bad_set_ups_are_errors() {
             .unwrap_err()
             .to_string()
     };
-    assert!(run(&[0; 3]).contains("experts"), "too few owners");
-    let e = run(&vec![1; m.cfg.n_routed_experts]);
-    assert!(e.contains("outside a group of 1"), "{e}");
+    let (layers, experts) = (m.cfg.num_layers, m.cfg.n_routed_experts);
+    let e = run(&ExpertPlacement::contiguous(layers, 3, 1));
+    assert!(e.contains("experts"), "{e}");
+    let e = run(&ExpertPlacement::contiguous(layers, experts, 2));
+    assert!(e.contains("group of 1"), "{e}");
+    assert!(ExpertPlacement::from_replicas(2, vec![vec![vec![0], vec![]]]).is_err());
+    assert!(ExpertPlacement::from_replicas(2, vec![vec![vec![2]]]).is_err());
+    assert!(ExpertPlacement::from_replicas(2, vec![vec![vec![0]], vec![]]).is_err());
 }

@@ -7,8 +7,9 @@
 //! in a fixed order and the weighted sum over a row's slots is taken in slot order on the
 //! row's own rank, exactly as the single-rank `moe_experts` takes it, so with batch-invariant
 //! kernels a rank's logits are bit-identical to the single-rank forward of its sequences.
-//! Each rank computes only the routed experts `owners` assigns to it; the dense weights and
-//! the shared expert run on every rank.
+//! Each rank computes only the routed experts an [`ExpertPlacement`] gives it (an expert may
+//! have replicas on several ranks: each source rank spreads its rows for that expert over the
+//! replicas in turn); the dense weights and the shared expert run on every rank.
 
 use super::{BatchItem, Logits, Model, ModelError};
 use deepinfer_kernels::{Backend, Communicator, ExpertWeights, TensorInfo, combine, dispatch};
@@ -19,8 +20,63 @@ type R<T> = Result<T, ModelError>;
 pub struct ExpertParallel<'a> {
     /// This rank's end of the group's communicator.
     pub comm: &'a mut dyn Communicator,
-    /// The rank that holds each routed expert (the same on every rank).
-    pub owners: &'a [usize],
+    /// Where every routed expert of every layer has its replicas (the same on every rank).
+    pub placement: &'a ExpertPlacement,
+}
+
+/// The ranks holding a replica of each routed expert, per layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpertPlacement {
+    ranks: usize,
+    /// `[layer][expert]`: the ranks holding a replica.
+    layers: Vec<Vec<Vec<usize>>>,
+}
+
+impl ExpertPlacement {
+    /// `experts` routed experts of each of `layers` layers split over `ranks` ranks in
+    /// contiguous runs (rank `r` holds experts `r·E/N ..`), one replica each.
+    pub fn contiguous(layers: usize, experts: usize, ranks: usize) -> Self {
+        let owners = contiguous_owners(experts, ranks);
+        ExpertPlacement {
+            ranks,
+            layers: vec![owners.iter().map(|&r| vec![r]).collect(); layers],
+        }
+    }
+
+    /// A placement from the replica ranks of every expert of every layer. Errors when an
+    /// expert has no replica, a rank is outside `0..ranks`, or the layers differ in experts.
+    pub fn from_replicas(ranks: usize, layers: Vec<Vec<Vec<usize>>>) -> Result<Self, ModelError> {
+        let experts = layers.first().map_or(0, Vec::len);
+        for (l, layer) in layers.iter().enumerate() {
+            if layer.len() != experts {
+                return Err(ModelError::Input(format!(
+                    "layer {l} places {} experts, layer 0 {experts}",
+                    layer.len()
+                )));
+            }
+            for (e, reps) in layer.iter().enumerate() {
+                if reps.is_empty() || reps.iter().any(|&r| r >= ranks) {
+                    return Err(ModelError::Input(format!(
+                        "layer {l}, expert {e}: replicas {reps:?} for {ranks} ranks"
+                    )));
+                }
+            }
+        }
+        Ok(ExpertPlacement { ranks, layers })
+    }
+
+    /// Ranks in the group.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// The ranks holding expert `e` of layer `l` (empty when out of range).
+    pub fn replicas(&self, l: usize, e: usize) -> &[usize] {
+        self.layers
+            .get(l)
+            .and_then(|x| x.get(e))
+            .map_or(&[], Vec::as_slice)
+    }
 }
 
 /// `experts` routed experts split over `ranks` ranks in contiguous runs (rank `r` holds
@@ -36,17 +92,20 @@ fn comm_err(e: deepinfer_kernels::CommError) -> ModelError {
 }
 
 impl ExpertParallel<'_> {
-    fn check(&self, experts: usize) -> R<()> {
+    fn check(&self, layers: usize, experts: usize) -> R<()> {
         let world = self.comm.world();
-        if self.owners.len() != experts {
+        let p = self.placement;
+        if p.ranks != world {
             return Err(ModelError::Input(format!(
-                "expert owners list {} experts, the model has {experts}",
-                self.owners.len()
+                "a placement over {} ranks in a group of {world}",
+                p.ranks
             )));
         }
-        if let Some(&bad) = self.owners.iter().find(|&&r| r >= world) {
+        if p.layers.len() != layers || p.layers.iter().any(|l| l.len() != experts) {
             return Err(ModelError::Input(format!(
-                "expert owner rank {bad} outside a group of {world}"
+                "the placement covers {} layer(s) of {} experts, the model has {layers} of {experts}",
+                p.layers.len(),
+                p.layers.first().map_or(0, Vec::len)
             )));
         }
         Ok(())
@@ -54,8 +113,10 @@ impl ExpertParallel<'_> {
 
     /// The routed-expert output `[S, D]` of this rank's rows `x` with routing `idx` / `wts`
     /// (`[S, k]`), computed across the group.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn routed<B: Backend>(
         &mut self,
+        layer: usize,
         be: &B,
         x: &B::Tensor,
         idx: &B::Tensor,
@@ -72,16 +133,22 @@ impl ExpertParallel<'_> {
         let width = d + 1;
         let mut rows = Vec::new();
         let mut dest = Vec::new();
+        // Rows for an expert go to its replicas in turn.
+        let mut turn = vec![0usize; experts.len()];
         for r in 0..s {
             for j in 0..k {
                 let e = iv[r * k + j];
                 if e < 0 {
                     continue;
                 }
-                let owner = *self
-                    .owners
-                    .get(e as usize)
-                    .ok_or_else(|| ModelError::Input(format!("routed expert {e} has no owner")))?;
+                let reps = self.placement.replicas(layer, e as usize);
+                let t = turn.get_mut(e as usize).ok_or_else(|| {
+                    ModelError::Input(format!("routed expert {e} outside the layer's experts"))
+                })?;
+                let owner = *reps.get(*t % reps.len().max(1)).ok_or_else(|| {
+                    ModelError::Input(format!("routed expert {e} of layer {layer} has no replica"))
+                })?;
+                *t += 1;
                 dest.push(owner);
                 rows.push(e as f32);
                 rows.extend_from_slice(&xv[r * d..(r + 1) * d]);
@@ -93,9 +160,10 @@ impl ExpertParallel<'_> {
             Vec::new()
         } else {
             let ids: Vec<i64> = recv.chunks(width).map(|c| c[0] as i64).collect();
+            let me = self.comm.rank();
             if let Some(&bad) = ids
                 .iter()
-                .find(|&&e| self.owners.get(e as usize) != Some(&self.comm.rank()))
+                .find(|&&e| !self.placement.replicas(layer, e as usize).contains(&me))
             {
                 return Err(ModelError::Input(format!(
                     "rank {} was sent expert {bad}, which it does not hold",
@@ -138,6 +206,7 @@ impl ExpertParallel<'_> {
     /// serves its experts for the others.
     fn idle_layer<B: Backend>(
         &mut self,
+        layer: usize,
         be: &B,
         experts: &[ExpertWeights<'_, B::Tensor>],
         d: usize,
@@ -146,7 +215,8 @@ impl ExpertParallel<'_> {
         let x = be.upload_f32(&[], &[0, d])?;
         let idx = be.upload_i64(&[], &[0, 1])?;
         let w = be.upload_f32(&[], &[0, 1])?;
-        self.routed(be, &x, &idx, &w, experts, limit).map(|_| ())
+        self.routed(layer, be, &x, &idx, &w, experts, limit)
+            .map(|_| ())
     }
 }
 
@@ -164,7 +234,7 @@ where
         which: Logits,
         ep: &mut ExpertParallel<'_>,
     ) -> R<Vec<Vec<f32>>> {
-        ep.check(self.cfg.n_routed_experts)?;
+        ep.check(self.cfg.num_layers, self.cfg.n_routed_experts)?;
         if self.decoder_replay {
             return Err(ModelError::Input(
                 "the expert-parallel forward does not run with decoder-side bounded replay".into(),
@@ -172,9 +242,9 @@ where
         }
         if items.is_empty() {
             let lim = self.cfg.swiglu_limit as f32;
-            for lw in &self.w.layers {
+            for (l, lw) in self.w.layers.iter().enumerate() {
                 let experts = expert_list(&lw.ffn.experts);
-                ep.idle_layer(&self.be, &experts, self.cfg.hidden_size, lim)?;
+                ep.idle_layer(l, &self.be, &experts, self.cfg.hidden_size, lim)?;
             }
             return Ok(Vec::new());
         }
@@ -200,9 +270,9 @@ impl<B: Backend> Model<B>
 where
     B::Tensor: Clone,
 {
-    /// The batch as `ranks` in-process expert-parallel ranks, one thread each: item `i` runs
-    /// on rank `i mod ranks`, the routed experts are split contiguously
-    /// ([`contiguous_owners`]), and the logits come back in item order (bit-identical to
+    /// The batch as in-process expert-parallel ranks (one thread per rank of `placement`):
+    /// item `i` runs on rank `i mod ranks`, each routed expert where `placement` puts it,
+    /// and the logits come back in item order (bit-identical to
     /// [`Model::forward`] with batch-invariant kernels). The rank threads use the kernels'
     /// thread pool, so the caller must not be one of that pool's threads (it would wait on
     /// ranks that need it): that is an error.
@@ -210,13 +280,11 @@ where
         &self,
         items: Vec<BatchItem<'_, B::Tensor>>,
         which: Logits,
-        ranks: usize,
+        placement: &ExpertPlacement,
     ) -> R<Vec<Vec<f32>>> {
-        if ranks == 0 || ranks > self.cfg.n_routed_experts.max(1) {
-            return Err(ModelError::Input(format!(
-                "{ranks} expert-parallel ranks for {} routed experts",
-                self.cfg.n_routed_experts
-            )));
+        let ranks = placement.ranks();
+        if ranks == 0 {
+            return Err(ModelError::Input("a placement over 0 ranks".into()));
         }
         if rayon::current_thread_index().is_some() {
             return Err(ModelError::Input(
@@ -228,7 +296,6 @@ where
         for (i, it) in items.into_iter().enumerate() {
             per[i % ranks].push(it);
         }
-        let owners = contiguous_owners(self.cfg.n_routed_experts, ranks);
         let comms =
             deepinfer_kernels::LocalGroup::ranks(ranks, std::time::Duration::from_secs(600));
         let outs: Vec<R<Vec<Vec<f32>>>> = std::thread::scope(|s| {
@@ -236,11 +303,10 @@ where
                 .into_iter()
                 .zip(per.iter_mut())
                 .map(|(mut comm, mine)| {
-                    let owners = &owners;
                     s.spawn(move || {
                         let mut ep = ExpertParallel {
                             comm: &mut comm,
-                            owners,
+                            placement,
                         };
                         self.forward_ep(mine, which, &mut ep)
                     })

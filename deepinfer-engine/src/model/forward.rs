@@ -514,7 +514,7 @@ impl<B: Backend> Model<B> {
         drop(sp);
         let sp = super::prof::span("moe.experts");
         let routed = match (layer, ctx.ep.as_deref_mut()) {
-            (Some(_), Some(ep)) => ep.routed(be, x, &idx, &wts, &experts, lim)?,
+            (Some(l), Some(ep)) => ep.routed(l, be, x, &idx, &wts, &experts, lim)?,
             _ => be.moe_experts(x, &idx, &wts, &experts, lim)?,
         };
         drop(sp);

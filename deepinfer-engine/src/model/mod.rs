@@ -13,7 +13,7 @@ pub mod sync;
 mod weights;
 
 pub use dspark::Draft;
-pub use expert_parallel::{ExpertParallel, contiguous_owners};
+pub use expert_parallel::{ExpertParallel, ExpertPlacement, contiguous_owners};
 pub use forward::{BatchItem, Logits, Trace};
 pub use global::{GlobalCache, GlobalPart, GlobalTable, SharedGlobalCache};
 pub use prof::profile_report;

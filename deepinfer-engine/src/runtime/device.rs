@@ -10,6 +10,7 @@
 //! runs (overlapped scheduling, see [`super::engine`]).
 
 use super::request::GenParams;
+use crate::model::ExpertPlacement;
 use crate::{BatchItem, Logits, Model, SeqState};
 use deepinfer_kernels::Backend;
 use deepinfer_kv::TrafficClass;
@@ -91,7 +92,7 @@ pub(crate) struct JobSeq<T> {
 }
 
 /// Settings of [`run_job`] that do not change between steps.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct JobCfg {
     pub vocab: usize,
     pub eos: Option<u32>,
@@ -101,6 +102,8 @@ pub(crate) struct JobCfg {
     pub spec_drafts: usize,
     /// In-process expert-parallel ranks of each forward (1: none).
     pub expert_parallel: usize,
+    /// Where the routed experts are, with expert parallelism (set per job).
+    pub placement: Option<Arc<ExpertPlacement>>,
 }
 
 /// Time and counts of one job.
@@ -146,6 +149,8 @@ pub(crate) struct Job<T> {
     /// Global-state blocks this step may need to grow its sequences: prefix snapshots are
     /// taken only while more than this many stay free.
     pub reserve: usize,
+    /// The expert placement this step runs with (expert parallelism).
+    pub placement: Option<Arc<ExpertPlacement>>,
 }
 
 fn ms_since(t: Instant) -> f64 {
@@ -174,7 +179,22 @@ pub(crate) fn run_job<B: Backend>(
 where
     B::Tensor: Clone,
 {
-    let Job { mut seqs, reserve } = job;
+    let Job {
+        mut seqs,
+        reserve,
+        placement,
+    } = job;
+    let with_placement;
+    let cfg = match placement {
+        Some(p) => {
+            with_placement = JobCfg {
+                placement: Some(p),
+                ..cfg.clone()
+            };
+            &with_placement
+        }
+        None => cfg,
+    };
     let v = cfg.vocab;
     let words = v.div_ceil(32);
     let mut st = DevStats::default();
@@ -491,8 +511,8 @@ where
     let tf = Instant::now();
     let res = {
         let _span = tracing::debug_span!("forward", sequences = items.len()).entered();
-        if cfg.expert_parallel > 1 {
-            model.forward_expert_parallel(std::mem::take(&mut items), which, cfg.expert_parallel)
+        if let Some(p) = cfg.placement.as_deref() {
+            model.forward_expert_parallel(std::mem::take(&mut items), which, p)
         } else {
             model.forward(&mut items, which, None)
         }

@@ -94,7 +94,14 @@ where
         }
         // Old prefix snapshots give way to the sequences of this step.
         while free_global_blocks(&self.model) < reserve && self.prefix.evict_lru() {}
-        Ok((Job { seqs: job, reserve }, drain))
+        Ok((
+            Job {
+                seqs: job,
+                reserve,
+                placement: self.placement.clone(),
+            },
+            drain,
+        ))
     }
 
     /// Offsets inside a prefill of positions `from..end` where the forward pauses so a

@@ -127,6 +127,8 @@ pub struct Engine<B: Backend> {
     step_times: Vec<f32>,
     /// Most KV blocks in use at once.
     kv_peak: usize,
+    /// Where the routed experts are, with expert parallelism.
+    placement: Option<Arc<crate::model::ExpertPlacement>>,
     /// Requests planned for the first time by the step being built.
     first_scheduled: Vec<RequestId>,
     next_sid: u64,
@@ -199,6 +201,13 @@ where
         }
         let sched = Self::make_scheduler(&model, &cfg)?;
         let prefix = Self::make_prefix_cache(&model, &cfg)?;
+        let placement = (cfg.expert_parallel > 1).then(|| {
+            Arc::new(crate::model::ExpertPlacement::contiguous(
+                model.cfg.num_layers,
+                model.cfg.n_routed_experts,
+                cfg.expert_parallel,
+            ))
+        });
         Ok(Self {
             model: Arc::new(model),
             sched,
@@ -207,6 +216,7 @@ where
             metrics: Metrics::default(),
             step_times: Vec::new(),
             kv_peak: 0,
+            placement,
             first_scheduled: Vec::new(),
             next_sid: 0,
             cfg,
@@ -491,7 +501,9 @@ where
             // A driver that waits for work between requests (online) runs the loop on a
             // thread of its own instead: parked on the pool it would hold a worker while
             // idle, and engines sharing the pool could hold every worker.
-            let park = driver.park_on_pool();
+            // Expert-parallel ranks wait on each other: the loop stays off the pool their
+            // kernels need.
+            let park = driver.park_on_pool() && jcfg.expert_parallel <= 1;
             scope.spawn(move || {
                 let device_loop = move || {
                     for job in job_rx {
@@ -500,9 +512,7 @@ where
                         }
                     }
                 };
-                // Expert-parallel ranks wait on each other: the loop stays off the pool
-                // their kernels need.
-                if park && jcfg.expert_parallel <= 1 {
+                if park {
                     on_pool(device_loop)
                 } else {
                     device_loop()
@@ -523,6 +533,7 @@ where
             snapshot_block: self.cfg.prefix_caching.then_some(self.cfg.block_size),
             spec_drafts: self.cfg.spec_drafts,
             expert_parallel: self.cfg.expert_parallel,
+            placement: None,
         }
     }
 }
