@@ -10,6 +10,8 @@ mod layout;
 mod manager;
 mod pool;
 mod prefetch;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tiers;
 mod window_store;
 

@@ -562,6 +562,90 @@ impl BlockPool {
         self.index.clear();
         self.emit(KvEvent::Cleared);
     }
+
+    /// Checks the pool's internal bookkeeping (see [`crate::testing::check_invariants`]): every
+    /// free block has exactly one live entry, on the cached queue iff it holds a hash; each
+    /// queue's live count is its entries'; the index and the blocks' hashes agree both ways.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn check_invariants(&self) -> std::result::Result<(), String> {
+        let n = self.meta.len();
+        if self.keys.len() != n {
+            return Err(format!("{} key slots for {n} blocks", self.keys.len()));
+        }
+        if self.verify_tokens && self.tokens.len() != n * self.block_size {
+            return Err(format!("{} token slots for {n} blocks", self.tokens.len()));
+        }
+        // Live entries per block, and per queue.
+        let mut live = vec![0u32; n];
+        for cached in [false, true] {
+            let q = if cached {
+                &self.cached_free
+            } else {
+                &self.empty
+            };
+            let mut count = 0;
+            for &(b, stamp) in &q.entries {
+                if b as usize >= n {
+                    return Err(format!("free queue entry names block {b} of {n}"));
+                }
+                if self.live((b, stamp), cached) {
+                    live[b as usize] += 1;
+                    count += 1;
+                }
+            }
+            if count != q.len {
+                return Err(format!(
+                    "free queue (cached: {cached}) counts {} live entries, holds {count}",
+                    q.len
+                ));
+            }
+        }
+        let mut hashed = 0;
+        for (b, m) in self.meta.iter().enumerate() {
+            if m.ref_count == 0 {
+                if live[b] != 1 {
+                    return Err(format!("free block {b} has {} live queue entries", live[b]));
+                }
+                if m.cached != m.hashed {
+                    return Err(format!(
+                        "free block {b}: on the {} queue, hashed: {}",
+                        if m.cached { "cached" } else { "empty" },
+                        m.hashed
+                    ));
+                }
+            } else if live[b] != 0 {
+                return Err(format!("held block {b} is on a free queue"));
+            }
+            if m.hashed {
+                hashed += 1;
+                let h = self.keys[b].0;
+                if self.index.get(&h) != Some(&(b as BlockId)) {
+                    return Err(format!(
+                        "block {b} hashed {h:?}, the index says {:?}",
+                        self.index.get(&h)
+                    ));
+                }
+            }
+        }
+        for (&h, &b) in &self.index {
+            let m = self
+                .meta
+                .get(b as usize)
+                .ok_or(format!("index names block {b}"))?;
+            if !m.hashed || self.keys[b as usize].0 != h {
+                return Err(format!(
+                    "index maps {h:?} to block {b}, which does not hold it"
+                ));
+            }
+        }
+        if hashed != self.index.len() {
+            return Err(format!(
+                "{hashed} hashed blocks, {} index entries",
+                self.index.len()
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -709,6 +793,7 @@ mod tests {
                 proptest::prop_assert_eq!(u.free_empty, m.empty.len());
                 proptest::prop_assert_eq!(u.free_cached, m.cached.len());
                 proptest::prop_assert_eq!(u.cached, m.index.len());
+                p.check_invariants().map_err(proptest::test_runner::TestCaseError::fail)?;
             }
             // Draining the pool shows the whole remaining order.
             while let Some(want) = m.allocate() {

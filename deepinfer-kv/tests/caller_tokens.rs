@@ -3,6 +3,7 @@
 //! commits, rollbacks and progress reports (given the caller's tokens), both managers count the
 //! same tokens, hold the same blocks and find the same cached chain for any query.
 
+use deepinfer_kv::testing;
 use deepinfer_kv::{AllocateOptions, BlockManager, BlockManagerConfig, ExtraKeys, KvError};
 use proptest::prelude::*;
 
@@ -86,6 +87,8 @@ proptest! {
             prop_assert_eq!(a.num_computed(1), b.num_computed(1));
             prop_assert_eq!(a.block_table(1).unwrap(), b.block_table(1).unwrap());
             prop_assert_eq!(a.tokens(1).unwrap(), &hist[..]);
+            testing::check_invariants(&a).map_err(TestCaseError::fail)?;
+            testing::check_invariants(&b).map_err(TestCaseError::fail)?;
         }
         // Caller-kept blocks are registered when the caller reports progress with its tokens.
         let n = a.num_computed(1).unwrap();
@@ -100,6 +103,8 @@ proptest! {
         let ra = a.allocate(2, &hist, AllocateOptions::default()).unwrap();
         let rb = b.allocate(2, &hist, AllocateOptions::default()).unwrap();
         prop_assert_eq!(ra, rb);
+        testing::check_invariants(&a).map_err(TestCaseError::fail)?;
+        testing::check_invariants(&b).map_err(TestCaseError::fail)?;
     }
 }
 

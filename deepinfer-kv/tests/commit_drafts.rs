@@ -1,6 +1,7 @@
 //! `commit_drafts` (placeholder drafts committed under their real ids) and handle-based appends,
 //! against a reference manager that appends the same real tokens plainly.
 
+use deepinfer_kv::testing;
 use deepinfer_kv::{BlockManager, BlockManagerConfig, ExtraKeys, KvError, Slot};
 use proptest::prelude::*;
 
@@ -14,38 +15,13 @@ fn manager() -> BlockManager {
     BlockManager::new(cfg).unwrap()
 }
 
-/// One speculative step: `drafts` placeholder drafts after the input token, of which the
-/// verifier accepts `accepted` (their real ids), then the bonus token becomes the next input.
-#[derive(Debug, Clone)]
-struct SpecStep {
-    input: u32,
-    drafts: usize,
-    real: Vec<u32>,
-    accepted: usize,
-}
-
-fn spec_step() -> impl Strategy<Value = SpecStep> {
-    (
-        0u32..50,
-        0usize..6,
-        prop::collection::vec(0u32..50, 6),
-        0usize..7,
-    )
-        .prop_map(|(input, drafts, real, accepted)| SpecStep {
-            input,
-            drafts,
-            real,
-            accepted,
-        })
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     #[test]
     fn commit_drafts_equals_plain_append(
         prompt in prop::collection::vec(0u32..50, 1..12),
-        steps in prop::collection::vec(spec_step(), 1..16),
+        steps in testing::spec_steps(1..16),
         fork_at in 0usize..16,
     ) {
         let mut m = manager();
@@ -119,6 +95,8 @@ proptest! {
                     + u32::from(forked && m.block_table(2).unwrap().contains(&b));
                 prop_assert_eq!(m.pool().ref_count(b).unwrap(), expect);
             }
+            testing::check_invariants(&m).map_err(TestCaseError::fail)?;
+            testing::check_invariants(&r).map_err(TestCaseError::fail)?;
         }
         // A new request with the whole history hits every full block, generated ones included.
         let history = r.tokens(1).unwrap().to_vec();
@@ -131,6 +109,7 @@ proptest! {
         }
         prop_assert_eq!(m.usage().free(), NUM_BLOCKS);
         prop_assert_eq!(m.usage().used, 0);
+        testing::check_invariants(&m).map_err(TestCaseError::fail)?;
     }
 }
 

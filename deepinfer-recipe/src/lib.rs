@@ -11,6 +11,8 @@ pub mod prompt;
 pub mod protocol;
 pub mod render;
 pub mod special;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokenizer;
 
 pub use conversation::{Content, Conversation, Message, Part, ToolCall, ToolDefinition};

@@ -11,18 +11,8 @@ use deepinfer_recipe::grammar::{
     GrammarBackend, GrammarCache, GrammarError, GrammarSpec, GrammarVocab, Matcher, RegexBackend,
     Triggered,
 };
+use deepinfer_recipe::testing::drive;
 use deepinfer_recipe::{PromptFormat, SpecialToken, ToolDefinition};
-
-/// Greedily drive `matcher` along the plain encoding of `text`.
-fn drive(matcher: &mut dyn Matcher, ids: &[u32]) -> Result<(), GrammarError> {
-    let mut mask = vec![0u32; vocab().mask_words()];
-    for &id in ids {
-        matcher.fill_bitmask(&mut mask)?;
-        assert!(allowed(&mask, id), "token {id} not in mask");
-        matcher.accept(id)?;
-    }
-    Ok(())
-}
 
 #[test]
 fn json_schema_mask_follows_the_schema() {

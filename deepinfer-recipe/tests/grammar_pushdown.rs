@@ -6,223 +6,31 @@
 mod common;
 use common::{allowed, eos, grammar_vocab as vocab, mask_of};
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use deepinfer_recipe::grammar::{
     CompiledGrammar, CompiledPushdown, CompiledRegex, GrammarBackend, GrammarError, GrammarSpec,
     GrammarVocab, Matcher, PushdownMatcher, RegexBackend, RegexMatcher, Rules, schema_regex,
 };
+use deepinfer_recipe::testing::{
+    GrammarExpr as G, RandomGrammar, ReferenceGrammar as Reference, drive, random_grammars,
+    small_vocab,
+};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------
 // Reference recognizer
 
-/// A grammar expression of the reference recognizer.
-#[derive(Debug, Clone)]
-enum G {
-    Lit(&'static str),
-    /// One character: the predicate, and characters to generate from.
-    Char(fn(char) -> bool, &'static str),
-    Seq(Vec<G>),
-    /// Alternatives; generation at the depth limit takes the first.
-    Alt(Vec<G>),
-    Star(Box<G>),
-    Rule(usize),
-}
-
-/// Input ended inside a match that could go on.
-const PARTIAL: usize = usize::MAX;
-
-struct Reference {
-    rules: Vec<G>,
-    /// Rules that derive some finite text.
-    productive: Vec<bool>,
-}
-
-/// Whether `g` derives some finite text, given the productive rules.
-fn finishes(g: &G, productive: &[bool]) -> bool {
-    match g {
-        G::Lit(_) | G::Char(..) | G::Star(_) => true,
-        G::Seq(items) => items.iter().all(|i| finishes(i, productive)),
-        G::Alt(options) => options.iter().any(|o| finishes(o, productive)),
-        G::Rule(rule) => productive[*rule],
-    }
-}
+// The recognizer is `deepinfer_recipe::testing::ReferenceGrammar`; these build its expressions.
 
 fn seq(items: Vec<G>) -> G {
-    G::Seq(items)
+    G::seq(items)
 }
 fn alt(items: Vec<G>) -> G {
-    G::Alt(items)
+    G::alt(items)
 }
 fn star(item: G) -> G {
-    G::Star(Box::new(item))
-}
-
-impl Reference {
-    fn new(rules: Vec<G>) -> Self {
-        let mut productive = vec![false; rules.len()];
-        loop {
-            let next: Vec<bool> = rules.iter().map(|r| finishes(r, &productive)).collect();
-            if next == productive {
-                return Self { rules, productive };
-            }
-            productive = next;
-        }
-    }
-
-    /// End positions of `g` matched from `pos` (with [`PARTIAL`] when the
-    /// input ran out inside it).
-    fn ends(
-        &self,
-        g: &G,
-        input: &[u8],
-        pos: usize,
-        memo: &mut HashMap<(usize, usize), Vec<usize>>,
-    ) -> Vec<usize> {
-        let mut out = match g {
-            G::Lit(text) => {
-                let rest = &input[pos..];
-                if rest.starts_with(text.as_bytes()) {
-                    vec![pos + text.len()]
-                } else if text.as_bytes().starts_with(rest) {
-                    vec![PARTIAL]
-                } else {
-                    vec![]
-                }
-            }
-            G::Char(predicate, _) => {
-                let rest = &input[pos..];
-                let Some(&first) = rest.first() else {
-                    return vec![PARTIAL];
-                };
-                let width = match first {
-                    0x00..=0x7F => 1,
-                    0xC0..=0xDF => 2,
-                    0xE0..=0xEF => 3,
-                    0xF0..=0xF7 => 4,
-                    _ => return vec![],
-                };
-                if rest.len() < width {
-                    let continuation = rest[1..].iter().all(|b| b & 0xC0 == 0x80);
-                    return if continuation { vec![PARTIAL] } else { vec![] };
-                }
-                match std::str::from_utf8(&rest[..width]) {
-                    Ok(text) if text.chars().next().is_some_and(predicate) => vec![pos + width],
-                    _ => vec![],
-                }
-            }
-            G::Seq(items) => {
-                let mut at = vec![pos];
-                for (i, item) in items.iter().enumerate() {
-                    let mut next = Vec::new();
-                    for &p in &at {
-                        if p == PARTIAL {
-                            // Viable only if the rest can still finish.
-                            if items[i..].iter().all(|r| finishes(r, &self.productive)) {
-                                next.push(PARTIAL);
-                            }
-                        } else {
-                            next.extend(self.ends(item, input, p, memo));
-                        }
-                    }
-                    next.sort_unstable();
-                    next.dedup();
-                    at = next;
-                }
-                at
-            }
-            G::Alt(options) => options
-                .iter()
-                .flat_map(|o| self.ends(o, input, pos, memo))
-                .collect(),
-            G::Star(inner) => {
-                let mut all = vec![pos];
-                let mut frontier = vec![pos];
-                while let Some(p) = frontier.pop() {
-                    for end in self.ends(inner, input, p, memo) {
-                        if !all.contains(&end) {
-                            all.push(end);
-                            if end != PARTIAL {
-                                frontier.push(end);
-                            }
-                        }
-                    }
-                }
-                all
-            }
-            G::Rule(rule) => {
-                if let Some(found) = memo.get(&(*rule, pos)) {
-                    return found.clone();
-                }
-                memo.insert((*rule, pos), Vec::new());
-                let found = self.ends(&self.rules[*rule], input, pos, memo);
-                memo.insert((*rule, pos), found.clone());
-                found
-            }
-        };
-        out.sort_unstable();
-        out.dedup();
-        out
-    }
-
-    fn run(&self, input: &[u8]) -> Vec<usize> {
-        self.ends(&G::Rule(0), input, 0, &mut HashMap::new())
-    }
-
-    fn accepts(&self, input: &[u8]) -> bool {
-        self.run(input).contains(&input.len())
-    }
-
-    fn accepts_prefix(&self, input: &[u8]) -> bool {
-        let ends = self.run(input);
-        ends.contains(&input.len()) || ends.contains(&PARTIAL)
-    }
-
-    fn generate(&self, g: &G, rng: &mut Rng, depth: usize, out: &mut String) {
-        match g {
-            G::Lit(text) => out.push_str(text),
-            G::Char(predicate, samples) => {
-                let chars: Vec<char> = samples.chars().filter(|&c| predicate(c)).collect();
-                out.push(chars[rng.below(chars.len())]);
-            }
-            G::Seq(items) => items.iter().for_each(|i| self.generate(i, rng, depth, out)),
-            G::Alt(options) => {
-                let pick = if depth == 0 {
-                    0
-                } else {
-                    rng.below(options.len())
-                };
-                self.generate(&options[pick], rng, depth, out);
-            }
-            G::Star(inner) => {
-                let count = if depth == 0 { 0 } else { rng.below(3) };
-                for _ in 0..count {
-                    self.generate(inner, rng, depth, out);
-                }
-            }
-            G::Rule(rule) => self.generate(&self.rules[*rule], rng, depth.saturating_sub(1), out),
-        }
-    }
-
-    fn sample(&self, seed: u64, depth: usize) -> String {
-        let mut out = String::new();
-        self.generate(&G::Rule(0), &mut Rng(seed | 1), depth, &mut out);
-        out
-    }
-}
-
-/// xorshift64: generation draws from a proptest-chosen seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
-    }
+    G::star(item)
 }
 
 const ARITHMETIC: &str = r#"
@@ -434,16 +242,6 @@ fn reference_recognizer_sanity() {
 // Matcher helpers
 
 /// Drive `matcher` along `ids`, checking each against the mask first.
-fn drive(matcher: &mut dyn Matcher, ids: &[u32]) -> Result<(), GrammarError> {
-    let mut mask = vec![0u32; vocab().mask_words()];
-    for &id in ids {
-        matcher.fill_bitmask(&mut mask)?;
-        assert!(allowed(&mask, id), "token {id} not in mask");
-        matcher.accept(id)?;
-    }
-    Ok(())
-}
-
 struct Case {
     grammar: Arc<dyn CompiledGrammar>,
     reference: Reference,
@@ -882,63 +680,6 @@ fn free_form_values_nest_freely_in_every_schema() {
 // ---------------------------------------------------------------------------
 // Random recursive grammars: the mask equals the reference's exact mask
 
-const WORDS: [&str; 5] = ["a", "b", "(", ")", "ab"];
-
-/// A random grammar of up to three rules over [`WORDS`], as the reference's
-/// expression and as EBNF text (rule 0 is `root`), and whether some rule
-/// starts an alternative with itself (immediate left recursion, which the
-/// crate rewrites and this reference cannot run).
-fn random_grammar(seed: u64) -> (Reference, String, bool) {
-    let mut rng = Rng(seed | 1);
-    let rules = 1 + rng.below(3);
-    let mut bodies = Vec::new();
-    let mut texts = Vec::new();
-    let mut immediate = false;
-    let name = |k: usize| {
-        if k == 0 {
-            "root".to_owned()
-        } else {
-            format!("r{k}")
-        }
-    };
-    for rule in 0..rules {
-        let mut options = Vec::new();
-        let mut option_texts = Vec::new();
-        for _ in 0..1 + rng.below(3) {
-            let mut items = Vec::new();
-            let mut item_texts = Vec::new();
-            for _ in 0..rng.below(4) {
-                let word = WORDS[rng.below(WORDS.len())];
-                let (item, text) = match rng.below(6) {
-                    0 | 1 => (G::Lit(word), format!("{word:?}")),
-                    2 => (star(G::Lit(word)), format!("({word:?})*")),
-                    3 => (alt(vec![G::Lit(word), G::Lit("")]), format!("{word:?}?")),
-                    _ => {
-                        let k = rng.below(rules);
-                        (G::Rule(k), name(k))
-                    }
-                };
-                items.push(item);
-                item_texts.push(text);
-            }
-            immediate |= matches!(items.first(), Some(G::Rule(k)) if *k == rule);
-            if item_texts.is_empty() {
-                item_texts.push("\"\"".to_owned());
-            }
-            options.push(seq(items));
-            option_texts.push(item_texts.join(" "));
-        }
-        bodies.push(alt(options));
-        texts.push(option_texts.join(" | "));
-    }
-    let ebnf = texts
-        .iter()
-        .enumerate()
-        .map(|(k, body)| format!("{} ::= {body}\n", name(k)))
-        .collect();
-    (Reference::new(bodies), ebnf, immediate)
-}
-
 /// A grammar whose live parses grow geometrically with the output (each `b`
 /// can open a `root` in either `r` of every open one): found by the random
 /// grammar property test, whose matcher then took minutes per token.
@@ -983,16 +724,6 @@ fn too_ambiguous_grammars_are_refused_not_slow() {
     );
 }
 
-/// Single characters, a few merged pairs, and end of sequence (id 8).
-fn small_vocab() -> Arc<GrammarVocab> {
-    let tokens = ["a", "b", "(", ")", "ab", "((", ")a", "b)"]
-        .iter()
-        .map(|t| Some(t.as_bytes().to_vec()))
-        .chain([None])
-        .collect();
-    Arc::new(GrammarVocab::new(tokens, &[8], &[]))
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -1003,8 +734,8 @@ proptest! {
     /// derives nothing. Left-recursive grammars are skipped (the crate
     /// rewrites or refuses them; the reference cannot run them).
     #[test]
-    fn random_grammar_masks_are_exact(seed in any::<u64>(), choices in proptest::collection::vec(any::<u32>(), 12)) {
-        let (reference, ebnf, immediate) = random_grammar(seed);
+    fn random_grammar_masks_are_exact(g in random_grammars(), choices in proptest::collection::vec(any::<u32>(), 12)) {
+        let RandomGrammar { reference, ebnf, left_recursive: immediate } = g;
         prop_assume!(!immediate, "immediate left recursion");
         let vocab = small_vocab();
         let compiled = RegexBackend::default().compile(&GrammarSpec::Ebnf(ebnf.clone()), &vocab);
@@ -1014,12 +745,12 @@ proptest! {
                 return Err(TestCaseError::fail(message));
             }
             Err(GrammarError::Unsatisfiable) => {
-                prop_assert!(!reference.productive[0], "{ebnf}");
+                prop_assert!(!reference.is_productive(0), "{ebnf}");
                 return Ok(());
             }
             other => other.unwrap(),
         };
-        prop_assert!(reference.productive[0], "{ebnf}");
+        prop_assert!(reference.is_productive(0), "{ebnf}");
         let tokens: Vec<&[u8]> = [&b"a"[..], b"b", b"(", b")", b"ab", b"((", b")a", b"b)"].to_vec();
         let mut matcher = grammar.matcher();
         let mut text: Vec<u8> = Vec::new();

@@ -8,167 +8,15 @@
 
 mod common;
 
-use deepinfer_recipe::conversation::{
-    Content, Conversation, Message, ToolCall, ToolChoice, ToolDefinition,
-};
+use deepinfer_recipe::conversation::{Conversation, Message};
 use deepinfer_recipe::protocol::{ParsingOptions, ThinkingStart};
+use deepinfer_recipe::testing::{
+    GROUNDING, check_trust_boundary, conversation_fields as fields, hostile_text,
+};
 use deepinfer_recipe::{
     Event, PromptFormat, PromptTokenizer, Renderer, SpecialToken, StreamParser,
 };
 use proptest::prelude::*;
-
-/// Spellings an attacker would try (grounding tokens excluded: they are
-/// allowed, by design, in assistant history only).
-const HOSTILE: &[&str] = &[
-    "<｜begin▁of▁sentence｜>",
-    "<｜end▁of▁sentence｜>",
-    "<｜User｜>",
-    "<｜Assistant｜>",
-    "<｜System｜>",
-    "<think>",
-    "</think>",
-    "｜DSML｜",
-    "<｜DSML｜ invoke name=\"x\">",
-    "</｜DSML｜ calls>",
-    "<｜latest_reminder｜>",
-    "<｜image｜>",
-    "<dsml:",
-    "<|EOT|>",
-    "<｜tool▁calls▁begin｜>",
-    "<｜place▁holder▁no▁7｜>",
-    "<|place_holder_mm_span_0030|>",
-    "\n\n",
-];
-
-const GROUNDING: &[&str] = &["<｜ref｜>", "<｜/ref｜>", "<｜box｜>", "<｜/box｜>"];
-
-fn hostile_text(allow_grounding: bool) -> BoxedStrategy<String> {
-    let base = prop_oneof![
-        3 => "[a-zA-Z0-9 .,!?<>/|\"{}]{0,8}",
-        1 => "[\\u{4e00}-\\u{4e20}\\u{1F600}-\\u{1F610}]{0,3}",
-        3 => proptest::sample::select(HOSTILE).prop_map(str::to_owned),
-    ];
-    let fragment = if allow_grounding {
-        prop_oneof![
-            7 => base,
-            1 => proptest::sample::select(GROUNDING).prop_map(str::to_owned),
-        ]
-        .boxed()
-    } else {
-        base.boxed()
-    };
-    proptest::collection::vec(fragment, 0..6)
-        .prop_map(|parts| parts.concat())
-        .boxed()
-}
-
-#[derive(Debug, Clone)]
-struct Fields {
-    system: String,
-    user: String,
-    reasoning: String,
-    answer: String,
-    call_name: String,
-    arg_key: String,
-    arg_value: String,
-    result: String,
-    tool_name: String,
-    tool_description: String,
-    reminder: String,
-}
-
-fn fields() -> impl Strategy<Value = Fields> {
-    (
-        (
-            hostile_text(false),
-            hostile_text(false),
-            hostile_text(false),
-            hostile_text(false),
-            hostile_text(false),
-            hostile_text(false),
-        ),
-        (
-            hostile_text(false),
-            hostile_text(false),
-            hostile_text(false),
-            hostile_text(false),
-            hostile_text(false),
-        ),
-    )
-        .prop_map(|((a, b, c, d, e, f), (g, h, i, j, k))| Fields {
-            system: a,
-            user: b,
-            reasoning: c,
-            answer: d,
-            call_name: e,
-            arg_key: f,
-            arg_value: g,
-            result: h,
-            tool_name: i,
-            tool_description: j,
-            reminder: k,
-        })
-}
-
-fn conversation(f: &Fields, thinking: bool) -> Conversation {
-    let mut map = serde_json::Map::new();
-    map.insert(
-        f.arg_key.clone(),
-        serde_json::Value::from(f.arg_value.clone()),
-    );
-    map.insert("n".into(), serde_json::Value::from(1));
-    let arguments = serde_json::Value::Object(map).to_string();
-    Conversation {
-        messages: vec![
-            Message::system(f.system.clone()),
-            Message::user(f.user.clone()),
-            Message::Assistant {
-                content: f.answer.clone(),
-                reasoning: Some(f.reasoning.clone()),
-                tool_calls: Some(vec![ToolCall {
-                    id: "c1".into(),
-                    name: f.call_name.clone(),
-                    arguments,
-                }]),
-                prefix: false,
-            },
-            Message::Tool {
-                content: Content::text(f.result.clone()),
-                tool_call_id: Some("c1".into()),
-            },
-            Message::LatestReminder {
-                content: f.reminder.clone(),
-            },
-        ],
-        thinking,
-        tools: vec![ToolDefinition {
-            name: f.tool_name.clone(),
-            description: Some(f.tool_description.clone()),
-            parameters: serde_json::json!({"type": "object"}),
-            strict: None,
-            defer_loading: false,
-        }],
-        tool_choice: ToolChoice::Auto,
-        ..Conversation::default()
-    }
-}
-
-fn blank(f: &Fields) -> Fields {
-    let x = |_: &String| "x".to_owned();
-    Fields {
-        system: x(&f.system),
-        user: x(&f.user),
-        reasoning: x(&f.reasoning),
-        answer: x(&f.answer),
-        call_name: x(&f.call_name),
-        arg_key: x(&f.arg_key),
-        arg_value: x(&f.arg_value),
-        result: x(&f.result),
-        tool_name: x(&f.tool_name),
-        tool_description: x(&f.tool_description),
-        reminder: x(&f.reminder),
-    }
-}
 
 /// The V4 vocabulary plus an id for `<｜System｜>` (as a V4.1 deployment configures it).
 fn v41_tokenizer() -> &'static PromptTokenizer {
@@ -185,20 +33,11 @@ proptest! {
 
     #[test]
     fn user_controlled_spellings_never_become_reserved_ids(f in fields(), thinking in any::<bool>()) {
-        let tokenizer = v41_tokenizer();
-        let reserved = tokenizer.reserved_ids();
         for format in [PromptFormat::V4, PromptFormat::V41] {
-            let renderer = Renderer::new(format);
-            let rendered = renderer.render(&conversation(&f, thinking));
-            let ids = tokenizer.encode(&rendered).unwrap();
-            let reserved_count = ids.iter().filter(|id| reserved.contains(id)).count();
-            prop_assert_eq!(reserved_count, rendered.special_ranges.len());
-            // The template's special tokens are exactly those of the same
-            // conversation with every user-controlled field replaced by "x".
-            let reference = renderer.render(&conversation(&blank(&f), thinking));
-            prop_assert_eq!(rendered.special_tokens(), reference.special_tokens());
-            // Round trip: decoding the ids gives back the prompt text.
-            prop_assert_eq!(tokenizer.decode(&ids).unwrap(), rendered.text.clone());
+            // One reserved id per special range of the template; the template's special
+            // tokens are those of the same conversation with every user-controlled field
+            // replaced by "x"; decoding the ids gives back the prompt text.
+            check_trust_boundary(v41_tokenizer(), format, &f, thinking).map_err(TestCaseError::fail)?;
         }
     }
 

@@ -10,6 +10,8 @@ pub mod params;
 pub mod reference;
 pub mod rng;
 pub mod sampler;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod verify;
 
 pub use batch::{sample_batch, verify_batch};

@@ -3,114 +3,22 @@
 
 use deepinfer_sample::reference::{sample_sorted, sorted_weights};
 use deepinfer_sample::sampler::filtered_weights;
-use deepinfer_sample::{SampleError, SampleRequest, SamplingParams, mask_words, sample};
+use deepinfer_sample::testing::{self, reference_row};
+use deepinfer_sample::{SampleError, SampleRequest, SamplingParams, sample};
 use proptest::prelude::*;
-
-#[derive(Debug, Clone)]
-struct Case {
-    logits: Vec<f32>,
-    mask: Option<Vec<u32>>,
-    history: Vec<u32>,
-    params: SamplingParams,
-    position: u64,
-}
-
-fn case() -> impl Strategy<Value = Case> {
-    (1usize..3000, any::<u64>(), 0u8..4).prop_flat_map(|(vocab, seed, flavour)| {
-        let logit = match flavour {
-            // Few distinct values: many ties.
-            0 => (-3i32..4).prop_map(|v| v as f32 * 0.5).boxed(),
-            1 => (-20.0f32..20.0).boxed(),
-            2 => (-1.0f32..1.0).prop_map(|v| v * 1e-3).boxed(),
-            _ => prop_oneof![(-5.0f32..5.0), Just(0.0f32), Just(-0.0f32)].boxed(),
-        };
-        (
-            proptest::collection::vec(logit, vocab),
-            proptest::option::of(proptest::collection::vec(
-                prop_oneof![Just(u32::MAX), any::<u32>()],
-                mask_words(vocab),
-            )),
-            proptest::collection::vec(0..vocab as u32, 0..8),
-            prop_oneof![Just(0u32), 1u32..60],
-            prop_oneof![Just(1.0f32), 0.01f32..1.0],
-            prop_oneof![Just(0.0f32), 0.0f32..0.5],
-            prop_oneof![Just(0.0f32), Just(0.7f32), Just(1.0f32), Just(2.5f32)],
-            prop_oneof![Just(1.0f32), 0.5f32..2.0],
-            (-1.0f32..1.0, -1.0f32..1.0),
-            proptest::collection::vec((0..vocab as u32, -3.0f32..3.0), 0..4),
-            0u64..1_000_000,
-        )
-            .prop_map(
-                move |(
-                    logits,
-                    mask,
-                    history,
-                    top_k,
-                    top_p,
-                    min_p,
-                    t,
-                    rep,
-                    (pres, freq),
-                    bias,
-                    position,
-                )| {
-                    Case {
-                        logits,
-                        mask,
-                        history,
-                        params: SamplingParams {
-                            temperature: t,
-                            top_k,
-                            top_p,
-                            min_p,
-                            repetition_penalty: rep,
-                            presence_penalty: pres,
-                            frequency_penalty: freq,
-                            logit_bias: bias,
-                            seed,
-                            ..SamplingParams::default()
-                        },
-                        position,
-                    }
-                },
-            )
-    })
-}
-
-fn check<L: deepinfer_sample::LogitValue>(c: &Case, logits: &[L]) -> Result<(), TestCaseError> {
-    let fast = filtered_weights(logits, c.mask.as_deref(), &c.history, &c.params);
-    let slow = sorted_weights(logits, c.mask.as_deref(), &c.history, &c.params);
-    prop_assert_eq!(&fast, &slow);
-    let req = SampleRequest {
-        logits,
-        mask: c.mask.as_deref(),
-        history: &c.history,
-        position: c.position,
-        params: &c.params,
-    };
-    match (sample(&req), sample_sorted(&req)) {
-        (Ok(a), Ok((token, lp))) => {
-            prop_assert_eq!(a.token, token);
-            prop_assert_eq!(a.logprob.to_bits(), lp.to_bits());
-        }
-        (Err(a), Err(b)) => prop_assert_eq!(a, b),
-        (a, b) => prop_assert!(false, "fast {:?} vs sorted {:?}", a, b),
-    }
-    Ok(())
-}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
-    fn fast_equals_sort_definition_f32(c in case()) {
-        check(&c, &c.logits)?;
+    fn fast_equals_sort_definition_f32(c in reference_row(3000)) {
+        testing::check_matches_reference(&c.request()).map_err(TestCaseError::fail)?;
     }
 
     #[test]
-    fn fast_equals_sort_definition_bf16(c in case()) {
-        let row: Vec<half::bf16> = c.logits.iter().map(|&v| half::bf16::from_f32(v)).collect();
-        check(&c, &row)?;
+    fn fast_equals_sort_definition_bf16(c in reference_row(3000)) {
+        let row = c.bf16_logits();
+        testing::check_matches_reference(&c.request_with(&row)).map_err(TestCaseError::fail)?;
     }
 }
 

@@ -4,171 +4,44 @@
 
 use deepinfer_sample::reference::sample_sorted;
 use deepinfer_sample::sampler::FUSED_ABOVE;
+use deepinfer_sample::testing::{self, Row, VerifyCase, edge_row, verify_case};
 use deepinfer_sample::{
     LogitValue, LogprobSource, SampleRequest, Sampler, SamplingParams, Verifier, VerifyMode,
     VerifyRequest, mask_words,
 };
 use proptest::prelude::*;
 
-#[derive(Debug, Clone)]
-struct Case {
-    logits: Vec<f32>,
-    mask: Option<Vec<u32>>,
-    history: Vec<u32>,
-    params: SamplingParams,
-    position: u64,
-}
-
-fn case() -> impl Strategy<Value = Case> {
-    // Up to a few blocks of 1024 tokens, ragged ends included.
-    (1usize..4200, any::<u64>(), 0u8..5).prop_flat_map(|(vocab, seed, flavour)| {
-        let logit = match flavour {
-            // Few distinct values: many ties, also across the top-p edge.
-            0 => (-3i32..4).prop_map(|v| v as f32 * 0.5).boxed(),
-            1 => (-20.0f32..20.0).boxed(),
-            2 => (-1.0f32..1.0).prop_map(|v| v * 1e-3).boxed(),
-            // Huge spreads: most weights underflow to 0.
-            3 => prop_oneof![(-1e4f32..1e4), Just(0.0f32), Just(-0.0f32)].boxed(),
-            _ => prop_oneof![(-5.0f32..5.0), Just(0.0f32), Just(-0.0f32)].boxed(),
-        };
-        (
-            proptest::collection::vec(logit, vocab),
-            proptest::option::of(proptest::collection::vec(
-                prop_oneof![Just(u32::MAX), any::<u32>(), Just(0u32)],
-                mask_words(vocab),
-            )),
-            proptest::collection::vec(0..vocab as u32, 0..8),
-            prop_oneof![Just(1.0f32), 0.01f32..1.0, Just(0.999_999f32)],
-            prop_oneof![Just(0.0f32), 0.0f32..0.5, Just(1.0f32)],
-            prop_oneof![
-                Just(1.0f32),
-                Just(0.0f32),
-                0.05f32..4.0,
-                Just(1e-4f32),
-                Just(100.0f32)
-            ],
-            prop_oneof![Just(1.0f32), 0.5f32..2.0],
-            (-1.0f32..1.0, -1.0f32..1.0),
-            proptest::collection::vec((0..vocab as u32, -3.0f32..3.0), 0..4),
-            (0u64..1_000_000, any::<bool>()),
-        )
-            .prop_map(
-                move |(
-                    logits,
-                    mask,
-                    history,
-                    top_p,
-                    min_p,
-                    temperature,
-                    repetition_penalty,
-                    (presence_penalty, frequency_penalty),
-                    logit_bias,
-                    (position, processed),
-                )| Case {
-                    logits,
-                    mask,
-                    history,
-                    params: SamplingParams {
-                        temperature,
-                        top_p,
-                        min_p,
-                        repetition_penalty,
-                        presence_penalty,
-                        frequency_penalty,
-                        logit_bias,
-                        seed,
-                        logprob_source: if processed {
-                            LogprobSource::Processed
-                        } else {
-                            LogprobSource::Sampled
-                        },
-                        ..SamplingParams::default()
-                    },
-                    position,
-                },
-            )
-    })
-}
-
-fn check<L: LogitValue>(c: &Case, logits: &[L]) -> Result<(), TestCaseError> {
-    let req = SampleRequest {
-        logits,
-        mask: c.mask.as_deref(),
-        history: &c.history,
-        position: c.position,
-        params: &c.params,
-    };
-    let fused = Sampler::with_fused_above(0).sample(&req);
-    let listed = Sampler::with_fused_above(usize::MAX).sample(&req);
-    let default = Sampler::new().sample(&req);
-    prop_assert_eq!(&fused, &listed);
-    prop_assert_eq!(&default, &listed);
-    if let Ok(out) = &fused {
-        prop_assert_eq!(
-            out.logprob.to_bits(),
-            listed.as_ref().unwrap().logprob.to_bits()
-        );
-        if c.params.logprob_source == LogprobSource::Sampled {
-            let (token, lp) = sample_sorted(&req).unwrap();
-            prop_assert_eq!(out.token, token);
-            prop_assert_eq!(out.logprob.to_bits(), lp.to_bits());
-        }
-    }
-    Ok(())
-}
-
-/// Rows asking for alternatives: same token, log-probability and
-/// alternatives (bit for bit) on both paths.
-fn check_alts<L: LogitValue>(c: &Case, logits: &[L], n: usize) -> Result<(), TestCaseError> {
-    let params = SamplingParams {
-        top_logprobs: n,
-        ..c.params.clone()
-    };
-    let req = SampleRequest {
-        logits,
-        mask: c.mask.as_deref(),
-        history: &c.history,
-        position: c.position,
-        params: &params,
-    };
-    let fused = Sampler::with_fused_above(0).sample(&req);
-    let listed = Sampler::with_fused_above(usize::MAX).sample(&req);
-    prop_assert_eq!(format!("{fused:?}"), format!("{listed:?}"));
-    if let (Ok(f), Ok(l)) = (&fused, &listed) {
-        let bits = |o: &deepinfer_sample::SampleOutput| -> Vec<(u32, u32)> {
-            std::iter::once((o.token, o.logprob.to_bits()))
-                .chain(o.top_logprobs.iter().map(|&(t, lp)| (t, lp.to_bits())))
-                .collect()
-        };
-        prop_assert_eq!(bits(f), bits(l));
-        prop_assert_eq!(f.top_logprobs.len(), l.top_logprobs.len());
-    }
-    Ok(())
+/// The row asking for `n` alternatives.
+fn with_alternatives(mut c: Row, n: usize) -> Row {
+    c.params.top_logprobs = n;
+    c
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     #[test]
-    fn fused_alternatives_equal_listing_f32(c in case(), n in 1usize..9) {
-        check_alts(&c, &c.logits, n)?;
+    fn fused_alternatives_equal_listing_f32(c in edge_row(4200), n in 1usize..9) {
+        let c = with_alternatives(c, n);
+        testing::check_fused_alternatives(&c.request()).map_err(TestCaseError::fail)?;
     }
 
     #[test]
-    fn fused_alternatives_equal_listing_bf16(c in case(), n in 1usize..9) {
-        let row: Vec<half::bf16> = c.logits.iter().map(|&v| half::bf16::from_f32(v)).collect();
-        check_alts(&c, &row, n)?;
+    fn fused_alternatives_equal_listing_bf16(c in edge_row(4200), n in 1usize..9) {
+        let c = with_alternatives(c, n);
+        let row = c.bf16_logits();
+        testing::check_fused_alternatives(&c.request_with(&row)).map_err(TestCaseError::fail)?;
     }
 
     #[test]
-    fn fused_equals_listing_f32(c in case()) {
-        check(&c, &c.logits)?;
+    fn fused_equals_listing_f32(c in edge_row(4200)) {
+        testing::check_fused_matches_listing(&c.request()).map_err(TestCaseError::fail)?;
     }
 
     #[test]
-    fn fused_equals_listing_bf16(c in case()) {
-        let row: Vec<half::bf16> = c.logits.iter().map(|&v| half::bf16::from_f32(v)).collect();
-        check(&c, &row)?;
+    fn fused_equals_listing_bf16(c in edge_row(4200)) {
+        let row = c.bf16_logits();
+        testing::check_fused_matches_listing(&c.request_with(&row)).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -280,125 +153,14 @@ fn extreme_temperatures_and_spreads_match() {
     }
 }
 
-/// A verification case: `n` drafts over a small vocabulary.
-#[derive(Debug, Clone)]
-struct VerifyCase {
-    vocab: usize,
-    target: Vec<f32>,
-    drafts: Vec<u32>,
-    q: Vec<f32>,
-    masks: Option<Vec<u32>>,
-    history: Vec<u32>,
-    params: SamplingParams,
-    position: u64,
-}
-
-fn verify_case() -> impl Strategy<Value = VerifyCase> {
-    (1usize..2600, 0usize..4, any::<u64>(), 0u8..4).prop_flat_map(|(vocab, n, seed, flavour)| {
-        let logit = match flavour {
-            0 => (-3i32..4).prop_map(|v| v as f32 * 0.5).boxed(),
-            1 => (-20.0f32..20.0).boxed(),
-            2 => (-1.0f32..1.0).prop_map(|v| v * 1e-3).boxed(),
-            _ => prop_oneof![(-5.0f32..5.0), Just(0.0f32)].boxed(),
-        };
-        // Draft probabilities: near the target scale (1 / vocab), large
-        // (sums far above 1, empty residuals) or zero; rarely invalid.
-        let scale = 1.0 / vocab as f32;
-        let qv = prop_oneof![
-            8 => (0.0f32..4.0).prop_map(move |x| x * scale),
-            2 => 0.0f32..1.0,
-            1 => Just(0.0f32),
-            1 => Just(f32::NAN),
-        ];
-        (
-            proptest::collection::vec(logit, (n + 1) * vocab),
-            proptest::collection::vec(0..vocab as u32, n),
-            proptest::collection::vec(qv, n * vocab),
-            proptest::option::of(proptest::collection::vec(
-                prop_oneof![4 => Just(u32::MAX), 1 => any::<u32>()],
-                (n + 1) * mask_words(vocab),
-            )),
-            proptest::collection::vec(0..vocab as u32, 0..6),
-            prop_oneof![Just(1.0f32), 0.05f32..1.0],
-            prop_oneof![Just(0.0f32), 0.0f32..0.3],
-            prop_oneof![Just(1.0f32), 0.1f32..3.0, Just(1e-4f32)],
-            (0u64..1_000_000, any::<bool>(), 0.5f32..1.5),
-        )
-            .prop_map(
-                move |(
-                    target,
-                    drafts,
-                    mut q,
-                    masks,
-                    history,
-                    top_p,
-                    min_p,
-                    temperature,
-                    (position, clean, repetition_penalty),
-                )| {
-                    if clean {
-                        // Most rows: no invalid value anywhere.
-                        q.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = 0.0);
-                    }
-                    VerifyCase {
-                        vocab,
-                        target,
-                        drafts,
-                        q,
-                        masks,
-                        history,
-                        params: SamplingParams {
-                            temperature,
-                            top_p,
-                            min_p,
-                            repetition_penalty,
-                            seed,
-                            ..SamplingParams::default()
-                        },
-                        position,
-                    }
-                },
-            )
-    })
-}
-
 fn check_verify<L: LogitValue>(c: &VerifyCase, target: &[L]) -> Result<(), TestCaseError> {
-    check_verify_mode(c, target, VerifyMode::Stochastic, Some(&c.q))?;
-    check_verify_mode(c, target, VerifyMode::Greedy, Some(&c.q))?;
-    check_verify_mode(c, target, VerifyMode::Greedy, None)
-}
-
-fn check_verify_mode<L: LogitValue>(
-    c: &VerifyCase,
-    target: &[L],
-    mode: VerifyMode,
-    draft_probs: Option<&[f32]>,
-) -> Result<(), TestCaseError> {
-    let req = VerifyRequest {
-        target_logits: target,
-        vocab: c.vocab,
-        draft_tokens: &c.drafts,
-        draft_probs,
-        masks: c.masks.as_deref(),
-        history: &c.history,
-        position: c.position,
-        params: &c.params,
-        mode,
-    };
-    let fused = Verifier::with_fused_above(0).verify(&req);
-    let listed = Verifier::with_fused_above(usize::MAX).verify(&req);
-    let default = Verifier::new().verify(&req);
-    // Errors carry the offending value (possibly NaN): compare them as text.
-    prop_assert_eq!(format!("{default:?}"), format!("{listed:?}"));
-    match (&fused, &listed) {
-        (Ok(f), Ok(l)) => {
-            prop_assert_eq!(f.accepted, l.accepted);
-            prop_assert_eq!(&f.tokens, &l.tokens);
-            let fb: Vec<u32> = f.logprobs.iter().map(|x| x.to_bits()).collect();
-            let lb: Vec<u32> = l.logprobs.iter().map(|x| x.to_bits()).collect();
-            prop_assert_eq!(fb, lb);
-        }
-        _ => prop_assert_eq!(format!("{fused:?}"), format!("{listed:?}")),
+    for (mode, with_q) in [
+        (VerifyMode::Stochastic, true),
+        (VerifyMode::Greedy, true),
+        (VerifyMode::Greedy, false),
+    ] {
+        testing::check_verify_paths_agree(&c.request(target, mode, with_q))
+            .map_err(TestCaseError::fail)?;
     }
     Ok(())
 }
@@ -407,12 +169,12 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
-    fn fused_verification_equals_listing_f32(c in verify_case()) {
+    fn fused_verification_equals_listing_f32(c in verify_case(2600)) {
         check_verify(&c, &c.target)?;
     }
 
     #[test]
-    fn fused_verification_equals_listing_bf16(c in verify_case()) {
+    fn fused_verification_equals_listing_bf16(c in verify_case(2600)) {
         let t: Vec<half::bf16> = c.target.iter().map(|&v| half::bf16::from_f32(v)).collect();
         check_verify(&c, &t)?;
     }

@@ -5,8 +5,9 @@ use deepinfer_sample::{
     PhiloxStream, SampleRequest, SamplingParams, VerifyMode, VerifyRequest, sample, verify,
 };
 
-mod stats;
-use stats::{CHI2_9999, chi_square, dof, target};
+use deepinfer_sample::testing::{
+    CHI2_9999, chi_square, degrees_of_freedom as dof, target_distribution as target,
+};
 
 #[test]
 fn sampling_matches_filtered_target() {

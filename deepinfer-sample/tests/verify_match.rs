@@ -7,13 +7,14 @@
 //! shows that feeding argmax drafts to [`VerifyMode::Stochastic`] with
 //! `q = softmax(draft logits)` (drafts not drawn from q) is biased.
 
-mod stats;
+use deepinfer_sample::testing::{
+    self, CHI2_9999, chi_square, degrees_of_freedom as dof, target_distribution as target,
+};
 use deepinfer_sample::{
     SampleRequest, SamplingParams, VerifyMode, VerifyOutput, VerifyRequest, mask_words, sample,
     verify,
 };
 use proptest::prelude::*;
-use stats::{CHI2_9999, chi_square, dof, target};
 
 /// A token, its log-probability and its alternatives.
 type Emitted = (u32, f32, Vec<(u32, f32)>);
@@ -77,28 +78,6 @@ fn run(
     .unwrap()
 }
 
-fn params_strategy() -> impl Strategy<Value = SamplingParams> {
-    (
-        prop_oneof![Just(0.0f32), 0.05f32..2.0],
-        prop_oneof![Just(0u32), 1u32..8],
-        prop_oneof![Just(1.0f32), 0.3f32..1.0],
-        prop_oneof![Just(1.0f32), 1.05f32..1.6],
-        0usize..3,
-        any::<u64>(),
-    )
-        .prop_map(
-            |(temperature, top_k, top_p, rep, top_logprobs, seed)| SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                repetition_penalty: rep,
-                top_logprobs,
-                seed,
-                ..SamplingParams::default()
-            },
-        )
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -114,7 +93,7 @@ proptest! {
         with_masks in any::<bool>(),
         history in prop::collection::vec(0u32..40, 0..6),
         position in 0u64..1000,
-        params in params_strategy(),
+        params in testing::sampling_params(),
     ) {
         let logits: Vec<f32> = level[..(n + 1) * v].iter().map(|&l| f32::from(l) * 0.5).collect();
         // Drafts from the target's own argmax half the time (so some are accepted).

@@ -9,6 +9,8 @@ mod error;
 mod request;
 pub mod router;
 mod scheduler;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use cost_model::{
     CoefficientBounds, CostCoefficients, CostModelError, PrefillCostModel, StepFeatures, StepSample,

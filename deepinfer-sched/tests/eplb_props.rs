@@ -1,56 +1,8 @@
 //! EPLB placements are valid, and the incremental mode respects its move budget.
 
+use deepinfer_sched::testing::{check_placement, expert_load_case as case};
 use deepinfer_sched::{EplbConfig, ExpertLoad, Placement, rebalance, rebalance_incremental};
 use proptest::prelude::*;
-
-/// (load, config): experts = groups × group size, devices = nodes × per node,
-/// slots = devices × slots per device ≥ experts.
-fn case() -> impl Strategy<Value = (ExpertLoad, EplbConfig)> {
-    (
-        1usize..4,
-        1usize..5,
-        1usize..9,
-        1usize..4,
-        1usize..4,
-        0usize..5,
-    )
-        .prop_flat_map(
-            |(layers, nodes, groups_per_node_or_any, gsize, dev_per_node, extra)| {
-                let groups = groups_per_node_or_any;
-                let experts = groups * gsize;
-                let devices = nodes * dev_per_node;
-                let per_dev = experts.div_ceil(devices) + extra;
-                let cfg = EplbConfig {
-                    slots: devices * per_dev,
-                    groups,
-                    nodes,
-                    devices,
-                };
-                (
-                    prop::collection::vec(0.0f64..1000.0, layers * experts),
-                    Just((layers, experts, cfg)),
-                )
-            },
-        )
-        .prop_map(|(data, (layers, experts, cfg))| {
-            (ExpertLoad::new(layers, experts, data).unwrap(), cfg)
-        })
-}
-
-fn check_valid(p: &Placement, load: &ExpertLoad, cfg: &EplbConfig) {
-    p.validate().unwrap();
-    assert_eq!(p.slots(), cfg.slots);
-    assert_eq!(p.slots_per_device() * cfg.devices, cfg.slots);
-    for l in 0..load.layers() {
-        let counts = p.replica_counts(l);
-        assert!(counts.iter().all(|&c| c >= 1), "an expert lost its replica");
-        assert_eq!(counts.iter().map(|&c| c as usize).sum::<usize>(), cfg.slots);
-        // Device loads add up to the layer's total load.
-        let total: f64 = load.layer(l).iter().sum();
-        let dev: f64 = p.device_loads(l, load).iter().sum();
-        assert!((total - dev).abs() <= 1e-6 * total.max(1.0));
-    }
-}
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
@@ -59,7 +11,7 @@ proptest! {
     fn rebalance_is_valid((load, cfg) in case()) {
         match rebalance(&load, &cfg) {
             Ok(p) => {
-                check_valid(&p, &load, &cfg);
+                check_placement(&p, &load, &cfg).map_err(TestCaseError::fail)?;
                 let lb = p.moe_lb(&load);
                 prop_assert!(lb.max >= 1.0 - 1e-9 && lb.mean >= 1.0 - 1e-9 && lb.mean <= lb.max + 1e-9);
                 if cfg.is_hierarchical() {
@@ -97,7 +49,7 @@ proptest! {
         }
         let shifted = ExpertLoad::new(load.layers(), load.experts(), data).unwrap();
         let next = rebalance_incremental(&shifted, &start, moves).unwrap();
-        check_valid(&next, &shifted, &flat);
+        check_placement(&next, &shifted, &flat).map_err(TestCaseError::fail)?;
         for (l, &m) in next.moved_from(&start).iter().enumerate() {
             prop_assert!(m <= moves, "layer {l} moved {m} > {moves}");
             let before = start.device_loads(l, &shifted).iter().copied().fold(0.0, f64::max);

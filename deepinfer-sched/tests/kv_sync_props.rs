@@ -7,9 +7,8 @@
 //! decoding hit for a later prompt equal to the history, and the cache still
 //! serves a request preempted mid-decode when it is re-admitted.
 
-mod common;
-use common::*;
 use deepinfer_kv::{ExtraKeys, KvError};
+use deepinfer_sched::testing::*;
 use deepinfer_sched::{NewRequest, RequestId, Scheduler, SchedulerConfig, SpecMode, StepPlan};
 use proptest::prelude::*;
 
@@ -18,6 +17,10 @@ use proptest::prelude::*;
 /// computed is found in the prefix cache by the hashes of the history (so it
 /// was registered under the real tokens).
 fn check_kv_matches_history(s: &mut Scheduler, ids: impl Iterator<Item = RequestId>, lookup: bool) {
+    // The block manager's own invariants, and no token copy of its own.
+    if let Err(e) = check_invariants(s) {
+        panic!("{e}");
+    }
     let bs = s.kv().block_size();
     for id in ids {
         let Some(h) = s.tokens(id).map(<[u32]>::to_vec) else {

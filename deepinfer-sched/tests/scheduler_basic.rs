@@ -1,7 +1,6 @@
 //! Scheduler behaviour on hand-made cases.
 
-mod common;
-use common::*;
+use deepinfer_sched::testing::*;
 use deepinfer_sched::{
     FinishReason, NewRequest, SchedError, Scheduler, SchedulerConfig, SpecMode, StepOutput,
 };
@@ -41,7 +40,7 @@ fn single_request_chunks_then_decodes() {
     assert_eq!(p.decode[0].position, 70);
     s.update(&run(&p, &s)).unwrap();
     let (done, _) = drive_sync(&mut s, 100);
-    check_outputs(&done, &[(1, 70, 5)]);
+    check_outputs(&done, &[(1, 70, 5)]).unwrap();
 }
 
 #[test]
@@ -70,7 +69,7 @@ fn bad_requests_are_rejected_and_the_rest_continue() {
     assert!(res[5].is_err());
     assert!(res[6].is_ok());
     let (done, _) = drive_sync(&mut s, 100);
-    check_outputs(&done, &[(1, 10, 3), (6, 12, 3)]);
+    check_outputs(&done, &[(1, 10, 3), (6, 12, 3)]).unwrap();
 }
 
 #[test]
@@ -111,7 +110,7 @@ fn abort_at_any_moment() {
     assert!(res.finished.is_empty());
     assert_eq!(s.abort(1), Err(SchedError::UnknownRequest(1)));
     let (done, _) = drive_sync(&mut s, 100);
-    check_outputs(&done, &[(2, 40, 10)]);
+    check_outputs(&done, &[(2, 40, 10)]).unwrap();
     assert_eq!(s.kv().usage().used, 0);
 }
 
@@ -195,7 +194,7 @@ fn fixed_speculation_rolls_back_rejected_drafts() {
     s.add_request(req(1, 20, 30)).unwrap();
     s.add_request(req(2, 5, 17)).unwrap();
     let (done, plans) = drive_sync(&mut s, 200);
-    check_outputs(&done, &[(1, 20, 30), (2, 5, 17)]);
+    check_outputs(&done, &[(1, 20, 30), (2, 5, 17)]).unwrap();
     assert!(plans.iter().any(|p| p.decode.iter().any(|d| d.drafts == 3)));
     assert_eq!(s.kv().usage().used, 0);
 }
@@ -254,8 +253,8 @@ fn overlapped_matches_sync_on_a_simple_batch() {
     let reqs: Vec<_> = (1..=5)
         .map(|id| (id, 10 + 7 * id as usize, 3 + id as usize))
         .collect();
-    check_outputs(&a, &reqs);
-    check_outputs(&b, &reqs);
+    check_outputs(&a, &reqs).unwrap();
+    check_outputs(&b, &reqs).unwrap();
 }
 
 #[test]
@@ -271,7 +270,7 @@ fn memory_pressure_preempts_and_recomputes_from_cache() {
         s.add_request(req(id, len, n)).unwrap();
     }
     let (done, plans) = drive_sync(&mut s, 1000);
-    check_outputs(&done, &reqs);
+    check_outputs(&done, &reqs).unwrap();
     assert!(s.stats().preemptions > 0);
     assert!(plans.iter().any(|p| !p.preempted.is_empty()));
     // Re-admissions hit the blocks the preempted requests left in the cache.
@@ -293,7 +292,7 @@ fn priorities_run_first_and_preempt_lower() {
     s.update(&run(&p, &s)).unwrap();
     let (done, _) = drive_sync(&mut s, 100);
     assert_eq!(done[0].id, 2);
-    check_outputs(&done, &[(1, 10, 5), (2, 10, 5)]);
+    check_outputs(&done, &[(1, 10, 5), (2, 10, 5)]).unwrap();
 }
 
 #[test]
@@ -330,7 +329,7 @@ fn budgeted_speculation_gives_confident_requests_more_drafts() {
     }
     // The worked example of the spec crate: A verifies three drafts, B one.
     assert_eq!(saw, Some((3, 1)));
-    check_outputs(&done, &[(1, 8, 40), (2, 8, 40)]);
+    check_outputs(&done, &[(1, 8, 40), (2, 8, 40)]).unwrap();
 }
 
 #[test]
@@ -350,7 +349,7 @@ fn without_chunking_prompts_run_whole() {
     assert_eq!((p.prefill[0].request, p.prefill[0].len), (2, 30));
     s.update(&run(&p, &s)).unwrap();
     let (done, _) = drive_sync(&mut s, 100);
-    check_outputs(&done, &[(1, 40, 3), (2, 30, 3)]);
+    check_outputs(&done, &[(1, 40, 3), (2, 30, 3)]).unwrap();
 }
 
 #[test]

@@ -1,7 +1,6 @@
 //! Time-budgeted chunked prefill keeps decode steps bounded while a long prompt is prefilled.
 
-mod common;
-use common::*;
+use deepinfer_sched::testing::*;
 use deepinfer_sched::{
     CoefficientBounds, CostCoefficients, PrefillCostModel, SchedulerConfig, StepPlan,
 };

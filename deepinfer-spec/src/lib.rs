@@ -15,6 +15,8 @@ mod plan;
 mod planner;
 mod split;
 mod step_time;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use acceptance::{
     AcceptanceStats, PositionAcceptance, tokens_per_step_geometric, tokens_per_step_linear,

@@ -1,5 +1,6 @@
 //! Calibration metrics, temperature scaling and acceptance statistics on synthetic drafters.
 
+use deepinfer_spec::testing::outcome;
 use deepinfer_spec::{
     AcceptanceStats, Outcome, SpecError, TemperatureScaling, auroc, calibration_report,
     tokens_per_step_geometric, tokens_per_step_linear,
@@ -128,13 +129,6 @@ fn bad_outcomes_are_typed_errors() {
         calibration_report(&[Outcome::new(vec![0.5], 0)], 0),
         Err(SpecError::InvalidConfig(_))
     ));
-}
-
-fn outcome() -> impl Strategy<Value = Outcome> {
-    prop::collection::vec(0.0..=1.0f64, 0..5).prop_flat_map(|c| {
-        let n = c.len();
-        (Just(c), 0..=n).prop_map(|(c, a)| Outcome::new(c, a))
-    })
 }
 
 proptest! {

@@ -1,20 +1,8 @@
 //! Property tests of the step-time model: table reading and online correction.
 
+use deepinfer_spec::testing::step_points as points;
 use deepinfer_spec::{SpecError, StepTimeModel, TableShape};
 use proptest::prelude::*;
-
-fn points() -> impl Strategy<Value = Vec<(usize, f64)>> {
-    prop::collection::vec((1usize..16, 0.5..40.0f64), 1..8).prop_map(|steps| {
-        let mut rows = 0;
-        steps
-            .into_iter()
-            .map(|(dr, ms)| {
-                rows += dr;
-                (rows, ms)
-            })
-            .collect()
-    })
-}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]

@@ -5,16 +5,12 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::sync::{Arc, OnceLock};
 
 use deepinfer_recipe::PromptTokenizer;
-
-pub fn tokenizer() -> Arc<PromptTokenizer> {
-    static TOKENIZER: OnceLock<Arc<PromptTokenizer>> = OnceLock::new();
-    TOKENIZER
-        .get_or_init(|| Arc::new(PromptTokenizer::deepseek_v4().expect("vendored tokenizer loads")))
-        .clone()
-}
+// The vendored tokenizer and the grammar helpers live in the crate's `testing` module (each test
+// binary uses some of them).
+#[allow(unused_imports)]
+pub use deepinfer_recipe::testing::{allowed, eos, grammar_vocab, mask_of, tokenizer};
 
 fn gunzip(bytes: &[u8]) -> serde_json::Value {
     let mut text = String::new();
@@ -81,42 +77,4 @@ pub fn corpus(tokenizer: &PromptTokenizer, tokens: usize) -> String {
     }
     let per_paragraph = tokenizer.encode_plain(&paragraph).unwrap().len();
     paragraph.repeat(tokens.div_ceil(per_paragraph))
-}
-
-/// The grammar vocabulary of the vendored tokenizer (EOS ends a grammar, the DSML marker is
-/// symbol 0), built once per test binary.
-pub fn grammar_vocab() -> Arc<deepinfer_recipe::grammar::GrammarVocab> {
-    static VOCAB: OnceLock<Arc<deepinfer_recipe::grammar::GrammarVocab>> = OnceLock::new();
-    VOCAB
-        .get_or_init(|| {
-            let tokenizer = tokenizer();
-            let dsml = tokenizer
-                .special_id(deepinfer_recipe::SpecialToken::Dsml.deepseek_spelling())
-                .unwrap();
-            Arc::new(deepinfer_recipe::grammar::GrammarVocab::from_tokenizer(
-                &tokenizer,
-                &[eos()],
-                &[(dsml, 0)],
-            ))
-        })
-        .clone()
-}
-
-/// The vendored tokenizer's end-of-sequence id.
-pub fn eos() -> u32 {
-    tokenizer()
-        .special_id(deepinfer_recipe::SpecialToken::Eos.deepseek_spelling())
-        .unwrap()
-}
-
-/// Whether token `id` is allowed by a grammar bitmask.
-pub fn allowed(mask: &[u32], id: u32) -> bool {
-    mask[id as usize / 32] & (1 << (id % 32)) != 0
-}
-
-/// The matcher's current bitmask over [`grammar_vocab`].
-pub fn mask_of(matcher: &mut dyn deepinfer_recipe::grammar::Matcher) -> Vec<u32> {
-    let mut mask = vec![0u32; grammar_vocab().mask_words()];
-    matcher.fill_bitmask(&mut mask).unwrap();
-    mask
 }
