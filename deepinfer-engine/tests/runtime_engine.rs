@@ -631,3 +631,41 @@ fn expert_parallel_ranks_give_the_tokens_of_one_rank() {
     .unwrap_err();
     assert!(e.to_string().contains("routed experts"), "{e}");
 }
+
+#[test]
+fn eplb_re_places_experts_between_steps_without_changing_tokens() {
+    let reqs: Vec<Request> = (0..6u64)
+        .map(|i| Request::new(i, prompt(800 + i, 12 + 3 * i as usize), sampled(i, 10)))
+        .collect();
+    let one = engine(EngineConfig::default())
+        .generate(reqs.clone())
+        .unwrap();
+    let mut e = engine(EngineConfig {
+        expert_parallel: 2,
+        eplb_interval: Some(2),
+        ..EngineConfig::default()
+    });
+    let got = e.generate(reqs).unwrap();
+    for (a, b) in one.iter().zip(&got) {
+        assert_eq!(a.token_ids, b.token_ids, "request {}", a.id);
+        assert_eq!(a.logprobs, b.logprobs);
+    }
+    let m = e.metrics();
+    assert!(m.eplb_rebalances >= 2, "{m:?}");
+    assert!(
+        m.moe_lb_placed >= 1.0 && m.moe_lb_placed <= m.moe_lb_contiguous + 1e-9,
+        "{m:?}"
+    );
+    let j = e.metrics_json();
+    assert_eq!(j["eplb"]["rebalances"], m.eplb_rebalances);
+    // EPLB needs expert parallelism over ranks that split the experts evenly.
+    for (ep, k) in [(1, Some(2)), (3, Some(2)), (2, Some(0))] {
+        let model = Model::load(&fixture(), CpuBackend::batch_invariant()).unwrap();
+        let cfg = EngineConfig {
+            expert_parallel: ep,
+            eplb_interval: k,
+            ..EngineConfig::default()
+        };
+        assert!(Engine::new(model, cfg).is_err(), "ep {ep}, interval {k:?}");
+    }
+}

@@ -60,6 +60,9 @@ pub struct BenchArgs {
     /// Expert parallelism over N in-process CPU ranks (see `generate --expert-parallel`).
     #[arg(long, default_value_t = 1)]
     pub expert_parallel: usize,
+    /// EPLB every this many steps (see `generate --eplb-interval`).
+    #[arg(long)]
+    pub eplb_interval: Option<usize>,
     /// Output prefix: writes PREFIX.json and PREFIX.svg.
     #[arg(long, default_value = "deepinfer-bench")]
     pub output: PathBuf,
@@ -103,6 +106,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
         sync_check: a.sync_check,
         step_time_budget_ms: a.step_time_budget_ms,
         expert_parallel: a.expert_parallel,
+        eplb_interval: a.eplb_interval,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(model, cfg)?;

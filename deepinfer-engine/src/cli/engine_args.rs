@@ -67,6 +67,10 @@ pub struct EngineArgs {
     /// the ranks, which exchange token rows with the rank holding each routed expert.
     #[arg(long, default_value_t = 1)]
     pub expert_parallel: usize,
+    /// EPLB with `--expert-parallel`: re-place the routed experts (with a redundant replica
+    /// per rank) every this many steps from the measured expert load.
+    #[arg(long)]
+    pub eplb_interval: Option<usize>,
     /// Keep a prefix state every this many prompt tokens (0: only at each prompt's largest
     /// reusable prefix), so prompts sharing a prefix resume near where they diverge.
     #[arg(long, default_value_t = 512)]
@@ -215,6 +219,7 @@ impl EngineArgs {
             step_time_budget_ms: self.step_time_budget_ms,
             spec_slack: self.spec_slack,
             expert_parallel: self.expert_parallel,
+            eplb_interval: self.eplb_interval,
             prefix_state_interval: self.prefix_state_interval,
             window_cache_memory: self.window_cache_memory,
             kv_cache_dir: self.kv_cache_dir.clone(),

@@ -9,6 +9,7 @@ pub mod chat;
 pub mod default_model;
 mod device;
 pub mod engine;
+mod eplb;
 pub mod expert_load;
 pub mod online;
 mod prefix_cache;

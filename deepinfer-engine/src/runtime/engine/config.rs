@@ -70,6 +70,11 @@ pub struct EngineConfig {
     /// with batch-invariant kernels outputs are those of one rank. At most the number of
     /// routed experts. The drafter's experts run where its rows are.
     pub expert_parallel: usize,
+    /// EPLB: with expert parallelism, re-place the routed experts every this many steps from
+    /// the expert load counted since the last placement (one redundant replica per rank;
+    /// after the first placement at most two slot moves per layer). `None`: the contiguous
+    /// split throughout.
+    pub eplb_interval: Option<usize>,
 }
 
 /// How many drafts each decode row verifies.
@@ -109,6 +114,7 @@ impl Default for EngineConfig {
             step_time_budget_ms: None,
             spec_slack: 6,
             expert_parallel: 1,
+            eplb_interval: None,
         }
     }
 }

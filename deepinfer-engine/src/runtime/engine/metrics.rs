@@ -97,4 +97,13 @@ pub struct Metrics {
     pub hidden_ms: f64,
     /// Time the host thread waited for the device worker, ms.
     pub wait_ms: f64,
+    /// EPLB placements made.
+    pub eplb_rebalances: u64,
+    /// Expert slots moved by EPLB after its first placement.
+    pub eplb_moved_slots: u64,
+    /// `moe_lb` (mean over layers) of the contiguous split under the load the last EPLB
+    /// placement was made from (0 before any).
+    pub moe_lb_contiguous: f64,
+    /// `moe_lb` of that placement under the same load (0 before any).
+    pub moe_lb_placed: f64,
 }

@@ -129,6 +129,8 @@ pub struct Engine<B: Backend> {
     kv_peak: usize,
     /// Where the routed experts are, with expert parallelism.
     placement: Option<Arc<crate::model::ExpertPlacement>>,
+    /// EPLB's state, when it re-places the experts.
+    balancer: Option<super::eplb::Balancer>,
     /// Requests planned for the first time by the step being built.
     first_scheduled: Vec<RequestId>,
     next_sid: u64,
@@ -201,6 +203,22 @@ where
         }
         let sched = Self::make_scheduler(&model, &cfg)?;
         let prefix = Self::make_prefix_cache(&model, &cfg)?;
+        let balancer = match cfg.eplb_interval {
+            Some(k) => {
+                model.count_expert_load(true);
+                Some(
+                    super::eplb::Balancer::new(
+                        model.cfg.num_layers,
+                        model.cfg.n_routed_experts,
+                        cfg.expert_parallel,
+                        k,
+                        2,
+                    )
+                    .map_err(EngineError::Config)?,
+                )
+            }
+            None => None,
+        };
         let placement = (cfg.expert_parallel > 1).then(|| {
             Arc::new(crate::model::ExpertPlacement::contiguous(
                 model.cfg.num_layers,
@@ -217,6 +235,7 @@ where
             step_times: Vec::new(),
             kv_peak: 0,
             placement,
+            balancer,
             first_scheduled: Vec::new(),
             next_sid: 0,
             cfg,
@@ -328,7 +347,16 @@ where
     /// Counters so far.
     pub fn metrics(&self) -> Metrics {
         let disk = self.prefix.disk_counters();
+        let (lb_c, lb_p) = self
+            .balancer
+            .as_ref()
+            .and_then(|b| b.last_lb)
+            .unwrap_or((0.0, 0.0));
         Metrics {
+            eplb_rebalances: self.balancer.as_ref().map_or(0, |b| b.rebalances),
+            eplb_moved_slots: self.balancer.as_ref().map_or(0, |b| b.moved_slots),
+            moe_lb_contiguous: lb_c,
+            moe_lb_placed: lb_p,
             preemptions: self.sched.stats().preemptions,
             prefix_states: self.prefix.len(),
             disk_writes: disk.writes,
@@ -380,6 +408,12 @@ where
             "steps": m.steps,
             "step_ms": {"p50": st.p50, "p99": st.p99, "max": st.max},
             "kv_blocks": {"total": total, "peak": peak},
+            "eplb": self.balancer.as_ref().map(|b| serde_json::json!({
+                "rebalances": b.rebalances,
+                "moved_slots": b.moved_slots,
+                "moe_lb_contiguous": m.moe_lb_contiguous,
+                "moe_lb_placed": m.moe_lb_placed,
+            })),
         })
     }
 

@@ -47,6 +47,7 @@ where
             }
             let (done, step_ms) = self.run_step(&mut lp, live, worker, &jcfg, t0, driver)?;
             self.apply_step(&mut lp, done, step_ms, worker.is_some(), live, t0, driver)?;
+            self.rebalance_experts()?;
         }
         if let Some(p) = lp.post.take() {
             self.post_process(p, live, t0, driver)?;
@@ -105,6 +106,24 @@ where
             return Ok(Planned::Retired);
         }
         Ok(Planned::Run)
+    }
+
+    /// EPLB between two steps: a new expert placement when one is due (later jobs take it;
+    /// the one in flight keeps the old, and either gives the same outputs).
+    fn rebalance_experts(&mut self) -> Result<(), EngineError> {
+        let Some(b) = self.balancer.as_mut() else {
+            return Ok(());
+        };
+        let Some(load) = self.model.expert_load() else {
+            return Ok(());
+        };
+        if let Some(p) = b
+            .after_step(self.metrics.steps, &load)
+            .map_err(EngineError::Config)?
+        {
+            self.placement = Some(Arc::new(p));
+        }
+        Ok(())
     }
 
     fn schedule(&mut self, plan: &mut StepPlan) -> Result<(), EngineError> {
