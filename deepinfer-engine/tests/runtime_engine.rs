@@ -567,8 +567,42 @@ mod streams {
         outs
     }
 
+    /// A case proptest found: three `n = 2` requests in a pool too small to fork them all at
+    /// once.
+    #[test]
+    fn forks_in_a_full_pool_wait_for_memory() {
+        let s = |tail, greedy| Spec {
+            prefix: 0,
+            tail,
+            n: 2,
+            greedy,
+            abort_after: None,
+        };
+        let specs = [s(1, false), s(1, false), s(10, true)];
+        let cfg = EngineConfig {
+            block_size: 8,
+            num_blocks: 18,
+            prefix_state_interval: 16,
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            ..EngineConfig::default()
+        };
+        let cached = run(&specs, cfg.clone());
+        assert_eq!(cached.len(), 6);
+        assert_eq!(
+            cached,
+            run(
+                &specs,
+                EngineConfig {
+                    prefix_caching: false,
+                    ..cfg
+                }
+            )
+        );
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
 
         /// Random streams with shared prefixes, forks (`n > 1`), aborts and a pool small
         /// enough to preempt: no block leaks, and every output equals the one with prefix

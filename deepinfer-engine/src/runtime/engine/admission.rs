@@ -146,12 +146,33 @@ where
         for index in 1..n {
             let sid = self.next_sid;
             self.next_sid += 1;
-            self.sched.fork(parent, sid)?;
-            self.metrics.forks += 1;
             let mut params = p.fx.params.clone();
             params.sampling.seed = base_seed.wrapping_add(index as u64);
-            // No room for the state copy: the child rebuilds it by replay.
-            let state = p.dev.state.as_ref().and_then(|s| s.try_clone().ok());
+            // No free block for the copy of the parent's last block: the child waits as a
+            // request of its own with the whole prompt (its blocks hit the parent's cached
+            // ones once memory frees), and gives the tokens the fork would have.
+            let (state, strip) = match self.sched.fork(parent, sid) {
+                Ok(()) => {
+                    self.metrics.forks += 1;
+                    // No room for the state copy: the child rebuilds it by replay.
+                    (
+                        p.dev.state.as_ref().and_then(|s| s.try_clone().ok()),
+                        p.strip,
+                    )
+                }
+                Err(SchedError::Kv(deepinfer_kv::KvError::OutOfBlocks { .. })) => {
+                    let toks = self
+                        .sched
+                        .tokens(parent)
+                        .ok_or(SchedError::UnknownRequest(parent))?;
+                    let prompt = toks[..p.fx.prompt_len.min(toks.len())].to_vec();
+                    let mut nr = NewRequest::new(sid, prompt, p.fx.params.max_tokens);
+                    nr.stop_tokens = p.fx.stop_tokens.clone();
+                    self.sched.add_request(nr)?;
+                    (None, 0)
+                }
+                Err(e) => return Err(e.into()),
+            };
             children.push((
                 sid,
                 Live {
@@ -163,7 +184,7 @@ where
                         prompt_len: p.fx.prompt_len,
                     }),
                     forced: None,
-                    strip: p.strip,
+                    strip,
                     parsing: p.parsing.clone(),
                     grammar: p.grammar.clone(),
                     cut: p.cut,
