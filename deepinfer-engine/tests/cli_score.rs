@@ -89,3 +89,43 @@ fn score_reports_bad_input_in_one_line() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
 }
+
+#[test]
+fn score_with_expert_parallel_ranks_writes_the_same_logits() {
+    let g = golden("v41-tiny-dev");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("ids.json");
+    std::fs::write(
+        &input,
+        serde_json::json!({"a": g["p1.input_ids"].ids()}).to_string(),
+    )
+    .unwrap();
+    let run = |ep: &str| {
+        let out = dir.path().join(format!("ep{ep}.safetensors"));
+        let o = Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+            .args(["score", "--model"])
+            .arg(data("v41-tiny-dev"))
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&out)
+            .args(["--chunk", "7", "--expert-parallel", ep])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(&out).unwrap()
+    };
+    assert_eq!(run("1"), run("3"));
+    let o = Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+        .args(["score", "--model"])
+        .arg(data("v41-tiny-dev"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(dir.path().join("x.safetensors"))
+        .args(["--expert-parallel", "99"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--expert-parallel"));
+}

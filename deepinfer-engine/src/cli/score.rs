@@ -33,6 +33,9 @@ pub struct ScoreArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Expert parallelism over N in-process CPU ranks (the logits are those of one rank).
+    #[arg(long, default_value_t = 1)]
+    pub expert_parallel: usize,
 }
 
 /// Read the input map `{"name": [ids...]}`.
@@ -97,6 +100,16 @@ pub fn run(a: &ScoreArgs) -> CliResult {
     } else {
         Model::load_with_files(&a.model, &a.weights, be)?
     };
+    let experts = model.cfg.n_routed_experts;
+    if a.expert_parallel == 0 || a.expert_parallel > experts {
+        return Err(format!(
+            "--expert-parallel must be between 1 and the model's {experts} routed experts"
+        )
+        .into());
+    }
+    let placement = (a.expert_parallel > 1).then(|| {
+        crate::model::ExpertPlacement::contiguous(model.cfg.num_layers, experts, a.expert_parallel)
+    });
     let inputs = read_inputs(&a.input)?;
     let v = model.cfg.vocab_size;
     let mut results: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
@@ -105,11 +118,14 @@ pub fn run(a: &ScoreArgs) -> CliResult {
         let chunk = if a.chunk == 0 { ids.len() } else { a.chunk };
         let mut logits = Vec::with_capacity(ids.len() * v);
         for part in ids.chunks(chunk) {
-            let mut items = [BatchItem {
+            let item = BatchItem {
                 state: &mut st,
                 tokens: part,
-            }];
-            let out = model.forward(&mut items, Logits::All, None)?;
+            };
+            let out = match &placement {
+                Some(p) => model.forward_expert_parallel(vec![item], Logits::All, p)?,
+                None => model.forward(&mut [item], Logits::All, None)?,
+            };
             logits.extend_from_slice(&out[0]);
         }
         if a.logprobs {
