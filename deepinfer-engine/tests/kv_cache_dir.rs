@@ -3,6 +3,8 @@
 //! same tokens; damaged files and another model's files are misses, never wrong data.
 #![cfg(feature = "runtime")]
 
+mod common;
+use common::prompt;
 use deepinfer_engine::Model;
 use deepinfer_engine::model::{RandomDtype, write_random_checkpoint};
 use deepinfer_engine::runtime::{Engine, EngineConfig, GenParams, Metrics, Output, Request};
@@ -25,18 +27,6 @@ fn engine(model_dir: &Path, dir: &Path) -> Engine<CpuBackend> {
         },
     )
     .expect("engine")
-}
-
-fn prompt(seed: u64, len: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 500) as u32 + 3
-        })
-        .collect()
 }
 
 /// Four requests over one shared 48-token prefix: two greedy, two seeded.

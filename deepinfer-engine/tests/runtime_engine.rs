@@ -3,6 +3,8 @@
 //! preemption under memory pressure, stop tokens, abort, per-request errors.
 #![cfg(feature = "runtime")]
 
+mod common;
+use common::prompt;
 use deepinfer_engine::Model;
 use deepinfer_engine::runtime::{
     Engine, EngineConfig, FinishReason, GenParams, Output, Request, SpecBudget, StreamEvent,
@@ -18,19 +20,6 @@ fn fixture() -> PathBuf {
 fn engine(cfg: EngineConfig) -> Engine<CpuBackend> {
     let model = Model::load(&fixture(), CpuBackend::batch_invariant()).expect("fixture loads");
     Engine::new(model, cfg).expect("engine")
-}
-
-/// Deterministic pseudo-random prompt of `len` tokens below the fixture's vocabulary (512).
-fn prompt(seed: u64, len: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 500) as u32 + 3
-        })
-        .collect()
 }
 
 fn sampled(seed: u64, max_tokens: usize) -> GenParams {

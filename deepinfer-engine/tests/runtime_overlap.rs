@@ -6,6 +6,8 @@
 //! degrades to recomputation and one too small for the sequences is a typed error.
 #![cfg(feature = "runtime")]
 
+mod common;
+use common::prompt;
 use deepinfer_engine::model::sync::LaunchPhase;
 use deepinfer_engine::runtime::{
     Engine, EngineConfig, EngineError, FinishReason, GenParams, Output, Request, StreamEvent,
@@ -25,18 +27,6 @@ fn model() -> Model<CpuBackend> {
 
 fn engine(cfg: EngineConfig) -> Engine<CpuBackend> {
     Engine::new(model(), cfg).expect("engine")
-}
-
-fn prompt(seed: u64, len: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 500) as u32 + 3
-        })
-        .collect()
 }
 
 fn params(i: u64, max_tokens: usize) -> GenParams {

@@ -135,3 +135,17 @@ pub fn greedy_decode<B: Backend>(
     }
     (produced, logits)
 }
+
+/// A deterministic pseudo-random prompt of `len` ids in `3..503` (below both fixtures'
+/// vocabulary of 512), from `seed`.
+pub fn prompt(seed: u64, len: usize) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 500) as u32 + 3
+        })
+        .collect()
+}
