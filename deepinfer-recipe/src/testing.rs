@@ -138,6 +138,9 @@ pub fn conversation_fields() -> impl Strategy<Value = ConversationFields> {
         })
 }
 
+/// The key of the numeric argument every generated tool call carries beside the user's.
+const FIXED_ARG_KEY: &str = "n";
+
 impl ConversationFields {
     /// The conversation holding these fields (thinking on or off).
     pub fn conversation(&self, thinking: bool) -> Conversation {
@@ -146,7 +149,9 @@ impl ConversationFields {
             self.arg_key.clone(),
             serde_json::Value::from(self.arg_value.clone()),
         );
-        map.insert("n".into(), serde_json::Value::from(1));
+        // A second, numeric argument; a user key spelled the same keeps its own value.
+        map.entry(FIXED_ARG_KEY)
+            .or_insert(serde_json::Value::from(1));
         let arguments = serde_json::Value::Object(map).to_string();
         Conversation {
             messages: vec![
@@ -193,7 +198,12 @@ impl ConversationFields {
             reasoning: x(&self.reasoning),
             answer: x(&self.answer),
             call_name: x(&self.call_name),
-            arg_key: x(&self.arg_key),
+            // The fixed key stays itself so the blank has the same number of arguments.
+            arg_key: if self.arg_key == FIXED_ARG_KEY {
+                FIXED_ARG_KEY.to_owned()
+            } else {
+                "x".to_owned()
+            },
             arg_value: x(&self.arg_value),
             result: x(&self.result),
             tool_name: x(&self.tool_name),

@@ -160,3 +160,27 @@ fn tokenizer_without_the_system_token_reports_it() {
     let error = tokenizer.encode(&rendered).unwrap_err();
     assert!(error.to_string().contains("<｜System｜>"), "{error}");
 }
+
+/// A user argument key equal to the generator's fixed key: the blank conversation must have
+/// the same number of arguments, or the comparison reports markup the template never had.
+#[test]
+fn argument_key_equal_to_the_fixed_key_keeps_the_template() {
+    let f = deepinfer_recipe::testing::ConversationFields {
+        system: String::new(),
+        user: String::new(),
+        reasoning: String::new(),
+        answer: String::new(),
+        call_name: String::new(),
+        arg_key: "n".into(),
+        arg_value: String::new(),
+        result: String::new(),
+        tool_name: String::new(),
+        tool_description: String::new(),
+        reminder: String::new(),
+    };
+    for format in [PromptFormat::V4, PromptFormat::V41] {
+        for thinking in [false, true] {
+            check_trust_boundary(v41_tokenizer(), format, &f, thinking).unwrap();
+        }
+    }
+}
