@@ -1,15 +1,19 @@
 //! GEMV / GEMM kernels for `x[m, k] · w[n, k]ᵀ`.
 //!
-//! Two paths:
-//! - the **dot path**: every output is one dot product with a fixed summation order
-//!   ([`LANES`] interleaved partial sums, then a fixed pairwise tree). It does not depend on
-//!   `m`, on which rows share the call, or on threads: this is batch-invariant mode, and also
-//!   the decode (GEMV) path, which is memory-bound and streams each weight row once.
-//! - the **blocked path** (fast mode, `m >= FAST_M`): `matrixmultiply::sgemm` on weight
-//!   blocks, one rayon task per block; bf16 / f16 / quantised blocks are decoded to f32 first.
-//!   `matrixmultiply` is used because it has tuned AVX/FMA micro-kernels with run-time CPU
-//!   detection, is pure Rust, small and fast to build; the heavier `gemm` crate was not worth
-//!   its build time on this project's 2-core CI.
+//! Every f32 and bf16 output is one dot product with a fixed summation order ([`LANES`]
+//! interleaved partial sums, each a fused multiply-add chain, then a fixed pairwise tree).
+//! It does not depend on `m`, on which rows share the call, or on threads, so the same
+//! kernels serve batch-invariant mode and the fast mode:
+//! - the **tiled kernel** ([`super::gemm_tiled`], AVX-512F): 4 × 4 outputs in registers,
+//!   at GEMM speed, for every `m` (decode rows stream each weight row once);
+//! - the **dot path** elsewhere (AVX2+FMA or portable): one output at a time, bit-identical.
+//!
+//! f16 and quantised weights keep the dot path in batch-invariant mode and for small `m`;
+//! in fast mode from `m >= FAST_M` they take the **blocked path**: `matrixmultiply::sgemm`
+//! on weight blocks decoded to f32, one rayon task per block. `matrixmultiply` is used
+//! because it has tuned AVX/FMA micro-kernels with run-time CPU detection, is pure Rust,
+//! small and fast to build; the heavier `gemm` crate was not worth its build time on this
+//! project's 2-core CI.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -19,7 +23,8 @@ use crate::quant::QuantMatrix;
 /// Interleaved partial sums per dot product (fixed: it defines the summation order).
 pub const LANES: usize = 16;
 
-/// Rows from which the fast mode switches from the dot path to blocked sgemm.
+/// Rows from which the fast mode switches from the dot path to blocked sgemm (f16 and
+/// quantised weights, or f32 and bf16 without the tiled kernel).
 pub const FAST_M: usize = 8;
 
 /// A weight element that widens exactly to f32.
@@ -80,9 +85,9 @@ impl WElem for f16 {
 /// Adds the tail (fewer than [`LANES`] values) into the lane sums and folds them by the fixed
 /// pairwise tree: the end of every dot product, whichever build computed the lanes.
 #[inline(always)]
-fn finish<W: WElem>(mut acc: [f32; LANES], x_tail: &[f32], w_tail: &[W]) -> f32 {
+pub(crate) fn finish<W: WElem>(mut acc: [f32; LANES], x_tail: &[f32], w_tail: &[W]) -> f32 {
     for (l, (a, b)) in x_tail.iter().zip(w_tail).enumerate() {
-        acc[l] += a * b.widen();
+        acc[l] = a.mul_add(b.widen(), acc[l]);
     }
     let mut width = LANES;
     while width > 1 {
@@ -103,7 +108,7 @@ fn dot_body<W: WElem>(x: &[f32], w: &[W]) -> f32 {
     let mut wc = w.chunks_exact(LANES);
     for (xs, ws) in (&mut xc).zip(&mut wc) {
         for l in 0..LANES {
-            acc[l] += xs[l] * ws[l].widen();
+            acc[l] = xs[l].mul_add(ws[l].widen(), acc[l]);
         }
     }
     finish(acc, xc.remainder(), wc.remainder())
@@ -115,7 +120,7 @@ fn dot_body<W: WElem>(x: &[f32], w: &[W]) -> f32 {
 fn acc_chunks_body(acc: &mut [f32; LANES], x: &[f32], w: &[f32]) {
     for (xs, ws) in x.chunks_exact(LANES).zip(w.chunks_exact(LANES)) {
         for l in 0..LANES {
-            acc[l] += xs[l] * ws[l];
+            acc[l] = xs[l].mul_add(ws[l], acc[l]);
         }
     }
 }
@@ -152,16 +157,15 @@ pub(crate) fn dot_quant_row(x: &[f32], q: &QuantMatrix, row: usize) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn dot_avx2<W: WElem>(x: &[f32], w: &[W]) -> f32 {
-    // Same IEEE operations in the same order as the portable body (no FMA contraction), so
-    // the result is bit-identical whichever version runs.
+    // Same IEEE operations in the same order as the portable body (each a fused
+    // multiply-add), so the result is bit-identical whichever version runs.
     dot_body(x, w)
 }
 
-/// Explicit AVX2 dot products: lanes 0–7 and 8–15 of [`dot_body`] in two registers, a
-/// separate multiply and add per element (no FMA), then the same [`finish`]: bit-identical to
-/// the portable body. Written out because the auto-vectoriser splits the 16 lanes badly.
+/// Explicit AVX2 dot products: lanes 0–7 and 8–15 of [`dot_body`] in two registers, one fused
+/// multiply-add per element, then the same [`finish`]: bit-identical to the portable body. Written out because the auto-vectoriser splits the 16 lanes badly.
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::{LANES, WElem, finish};
@@ -201,10 +205,10 @@ mod simd {
 
     /// The blocked loop every AVX2 dot shares: adds `x[i] * w[i]` into the two 8-lane
     /// registers `acc` (lanes 0–7 and 8–15 of [`super::dot_body`]) over the first `full`
-    /// values (a multiple of [`LANES`] within both slices), a separate multiply and add per
-    /// element (no FMA).
+    /// values (a multiple of [`LANES`] within both slices), one fused multiply-add per
+    /// element.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     fn blocked<W: Wide8>(
         acc: (__m256, __m256),
         x: &[f32],
@@ -219,10 +223,8 @@ mod simd {
             // SAFETY: i + 16 <= full, within both slices (asserted); unaligned loads; AVX2
             // is enabled on this function.
             unsafe {
-                let p0 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i)), W::load8(wp.add(i)));
-                let p1 = _mm256_mul_ps(_mm256_loadu_ps(xp.add(i + 8)), W::load8(wp.add(i + 8)));
-                a0 = _mm256_add_ps(a0, p0);
-                a1 = _mm256_add_ps(a1, p1);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i)), W::load8(wp.add(i)), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i + 8)), W::load8(wp.add(i + 8)), a1);
             }
             i += LANES;
         }
@@ -241,7 +243,7 @@ mod simd {
     }
 
     /// [`super::dot_body`] with AVX2, for f32 or bf16 weights.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot<W: Wide8>(x: &[f32], w: &[W]) -> f32 {
         let n = x.len().min(w.len());
         let full = n / LANES * LANES;
@@ -251,7 +253,7 @@ mod simd {
         finish(acc, &x[full..n], &w[full..n])
     }
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn acc_chunks(acc: &mut [f32; LANES], x: &[f32], w: &[f32]) {
         let full = x.len().min(w.len()) / LANES * LANES;
         // SAFETY: acc holds 16 f32s; two unaligned 8-lane loads.
@@ -269,11 +271,13 @@ mod simd {
 fn has_avx2() -> bool {
     use std::sync::OnceLock;
     static AVX2: OnceLock<bool> = OnceLock::new();
-    *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+    *AVX2.get_or_init(|| {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    })
 }
 
 /// Fixed-order dot product of `x` and `w` (over the shorter length): [`LANES`] interleaved
-/// partial sums (a separate multiply and add per element), then a fixed pairwise tree.
+/// partial sums (a fused multiply-add per element), then a fixed pairwise tree.
 #[inline]
 pub(crate) fn dot<W: WElem>(x: &[f32], w: &[W]) -> f32 {
     W::dot(x, w)
@@ -355,11 +359,57 @@ pub(crate) fn linear(
     if k == 0 {
         return vec![0.0; m * n];
     }
+    if super::gemm_tiled::available() {
+        match w {
+            WeightRef::F32(ws) => return linear_tiled(x, m, k, ws, n),
+            WeightRef::BF16(ws) => return linear_tiled(x, m, k, ws, n),
+            _ => {}
+        }
+    }
     if invariant || m < FAST_M {
         linear_dot(x, m, k, w, n)
     } else {
         linear_blocked(x, m, k, w, n)
     }
+}
+
+/// The dot path through the tiled kernel ([`super::gemm_tiled`]): bit-identical to
+/// [`linear_dot`], at GEMM speed, so both modes use it where the CPU has it.
+fn linear_tiled<W: super::gemm_tiled::Wide16>(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[W],
+    n: usize,
+) -> Vec<f32> {
+    use super::gemm_tiled::{NR, OutView, dots_into};
+    // Weight rows per task: the dot path's streaming block, or fewer so that a large batch
+    // still spreads over every thread; a multiple of the tile width.
+    let threads = rayon::current_num_threads().max(1);
+    let nb = dot_block_rows(k)
+        .min(n.div_ceil(4 * threads))
+        .next_multiple_of(NR);
+    let mut out = vec![0.0f32; m * n];
+    let view = OutView::new(&mut out, n);
+    (0..n.div_ceil(nb)).into_par_iter().for_each(|b| {
+        let n0 = b * nb;
+        let cols = nb.min(n - n0);
+        // SAFETY: `out` is [m, n] and outlives the loop; task b alone writes columns
+        // n0..n0 + cols.
+        unsafe { dots_into(x, m, k, &w[n0 * k..(n0 + cols) * k], cols, view, n0) };
+    });
+    out
+}
+
+/// `[rows, cols]` → `[cols, rows]`.
+fn transpose(t: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = t[r * cols + c];
+        }
+    }
+    out
 }
 
 fn linear_dot(x: &[f32], m: usize, k: usize, w: WeightRef<'_>, n: usize) -> Vec<f32> {
@@ -390,13 +440,7 @@ fn linear_dot(x: &[f32], m: usize, k: usize, w: WeightRef<'_>, n: usize) -> Vec<
     if m == 1 {
         return out_t;
     }
-    let mut out = vec![0.0f32; m * n];
-    for j in 0..n {
-        for i in 0..m {
-            out[i * n + j] = out_t[j * m + i];
-        }
-    }
-    out
+    transpose(&out_t, n, m)
 }
 
 #[inline]

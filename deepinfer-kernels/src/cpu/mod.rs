@@ -3,6 +3,7 @@
 mod attention;
 mod buf;
 pub mod gemm;
+mod gemm_tiled;
 mod hc;
 mod impl_backend;
 mod layout;
