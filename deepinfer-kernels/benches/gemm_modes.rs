@@ -93,6 +93,9 @@ fn main() {
             ("prefill hidden 4096", (512, 4096, 4096)),
             ("vocabulary head", (64, 256, 129_280)),
             ("batched decode", (16, 4096, 4096)),
+            ("decode head", (1, 256, 129_280)),
+            ("decode hidden 256", (1, 256, 1024)),
+            ("decode hidden 4096", (1, 4096, 4096)),
         ]
     };
     // An argument that is not a flag keeps the shapes whose name contains it.

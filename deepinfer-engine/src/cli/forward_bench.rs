@@ -163,6 +163,7 @@ fn measure_on<B: Backend>(a: &ForwardBenchArgs, be: B) -> CliResult {
     }
     let dec_s = t.elapsed().as_secs_f64();
     let decode_profile = crate::model::profile_report();
+    let floor = Floor::measure(&model, a.decode_tokens);
     if !prefill_profile.is_empty() {
         eprintln!("prefill spans ({} runs):\n{prefill_profile}", times.len());
         eprintln!(
@@ -197,6 +198,10 @@ fn measure_on<B: Backend>(a: &ForwardBenchArgs, be: B) -> CliResult {
             "decode_tokens": a.decode_tokens,
             "decode_s": dec_s,
             "decode_tok_s": dec_tps,
+            "decode_weight_bytes": floor.bytes.total(),
+            "stream_read_gb_s": floor.gb_s,
+            "decode_floor_tok_s": floor.tok_s(),
+            "decode_fraction_of_floor": dec_tps / floor.tok_s(),
             "last_token": next,
         });
         println!("{v}");
@@ -230,8 +235,74 @@ fn measure_on<B: Backend>(a: &ForwardBenchArgs, be: B) -> CliResult {
             "decode {} tokens at batch 1: {:.4} s = {:.1} tok/s",
             a.decode_tokens, dec_s, dec_tps
         );
+        if a.decode_tokens > 0 {
+            let b = &floor.bytes;
+            println!(
+                "decode floor: {:.1} MB of weights per token (head {:.1}, dense {:.1}, routed experts {:.1}, rows {:.2}) at a streaming read of {:.1} GB/s = {:.1} tok/s; measured {:.0}% of it",
+                b.total() / 1e6,
+                b.head / 1e6,
+                b.dense / 1e6,
+                b.routed_experts / 1e6,
+                b.rows / 1e6,
+                floor.gb_s,
+                floor.tok_s(),
+                100.0 * dec_tps / floor.tok_s()
+            );
+        }
     }
     Ok(())
+}
+
+/// The memory floor of batch-1 decode: the weight bytes a step reads and the machine's
+/// streaming read bandwidth, measured with the same threads in the same run.
+struct Floor {
+    bytes: crate::model::DecodeBytes,
+    gb_s: f64,
+}
+
+impl Floor {
+    fn measure<B: Backend>(model: &Model<B>, decode_tokens: usize) -> Self {
+        let bytes = model.decode_bytes();
+        let gb_s = if decode_tokens > 0 {
+            stream_read_gb_s(256 << 20)
+        } else {
+            0.0
+        };
+        Floor { bytes, gb_s }
+    }
+
+    fn tok_s(&self) -> f64 {
+        self.gb_s * 1e9 / self.bytes.total().max(1.0)
+    }
+}
+
+/// Best of three parallel sums over `bytes` of memory (the current rayon pool's threads),
+/// in GB/s: what any memory-bound kernel can at most read.
+fn stream_read_gb_s(bytes: usize) -> f64 {
+    use rayon::prelude::*;
+    let words: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    let piece = words
+        .len()
+        .div_ceil(rayon::current_num_threads().max(1) * 4);
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let sum = words
+            .par_chunks(piece.max(1))
+            .map(|c| {
+                let mut acc = [0u64; 8];
+                for ch in c.chunks_exact(8) {
+                    for l in 0..8 {
+                        acc[l] = acc[l].wrapping_add(ch[l]);
+                    }
+                }
+                acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+            })
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(sum);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best / 1e9
 }
 
 /// Run `deepinfer random-checkpoint`.

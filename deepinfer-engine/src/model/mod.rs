@@ -3,6 +3,7 @@
 mod attention;
 mod dspark;
 mod expert_parallel;
+mod footprint;
 mod forward;
 mod global;
 mod prof;
@@ -14,6 +15,7 @@ mod weights;
 
 pub use dspark::Draft;
 pub use expert_parallel::{ExpertParallel, ExpertPlacement, contiguous_owners};
+pub use footprint::DecodeBytes;
 pub use forward::{BatchItem, Logits, Trace};
 pub use global::{GlobalCache, GlobalPart, GlobalTable, SharedGlobalCache};
 pub use prof::profile_report;

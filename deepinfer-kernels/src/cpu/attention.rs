@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::gemm::dot;
+use super::gemm::dots_rows;
 
 /// Interleaved RoPE in place on `x` viewed as `[S, inner, d]`; rotates the trailing
 /// `2 * inv_freq.len()` channels of every `d`-row (angles and rotation in f64).
@@ -62,36 +62,70 @@ pub(crate) fn sparse_attention(
         return out;
     }
     out.par_chunks_mut(h * d).enumerate().for_each(|(s, os)| {
-        let sel: Vec<usize> = idx[s * kk..(s + 1) * kk]
+        let sel: Vec<&[f32]> = idx[s * kk..(s + 1) * kk]
             .iter()
             .filter(|&&j| j >= 0)
-            .map(|&j| j as usize)
+            .map(|&j| &kv[j as usize * d..(j as usize + 1) * d])
             .collect();
-        let mut logits = vec![0.0f32; sel.len()];
-        for hh in 0..h {
-            let qv = &q[(s * h + hh) * d..(s * h + hh + 1) * d];
+        let n = sel.len();
+        // Scores of every head against every selected key at once ([h, n]): the heads share
+        // the KV head, so each key is read once per tile of heads, not once per head.
+        let mut logits = vec![0.0f32; h * n];
+        dots_rows(&q[s * h * d..(s + 1) * h * d], h, d, &sel, &mut logits);
+        let mut weights = vec![0.0f32; h];
+        for (hh, ls) in logits.chunks_mut(n.max(1)).enumerate().take(h) {
             let mut mx = sink[hh];
-            for (l, &j) in logits.iter_mut().zip(&sel) {
-                *l = dot(qv, &kv[j * d..(j + 1) * d]) * scale;
+            for l in ls.iter_mut() {
+                *l *= scale;
                 mx = mx.max(*l);
             }
-            let o = &mut os[hh * d..(hh + 1) * d];
             let mut denom = 0.0f32;
-            for (l, &j) in logits.iter().zip(&sel) {
-                let e = (l - mx).exp();
-                denom += e;
-                for (ov, kvv) in o.iter_mut().zip(&kv[j * d..(j + 1) * d]) {
-                    *ov += e * kvv;
-                }
+            for l in ls.iter_mut() {
+                *l = (*l - mx).exp();
+                denom += *l;
             }
             denom += (sink[hh] - mx).exp();
-            let inv = 1.0 / denom;
+            weights[hh] = 1.0 / denom;
+        }
+        // Values key by key (each key row read once for all heads), in the keys' order for
+        // every output element.
+        for (j, v) in sel.iter().enumerate() {
+            for (hh, o) in os.chunks_mut(d).enumerate() {
+                axpy(o, logits[hh * n + j], v);
+            }
+        }
+        for (o, inv) in os.chunks_mut(d).zip(&weights) {
             for ov in o.iter_mut() {
                 *ov *= inv;
             }
         }
     });
     out
+}
+
+/// `o[i] += e * v[i]` (a multiply, then an add: the same bits in every build).
+#[inline]
+fn axpy(o: &mut [f32], e: f32, v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::gemm_tiled::available() {
+        // SAFETY: the CPU has AVX-512F (checked at run time).
+        return unsafe { axpy_avx512(o, e, v) };
+    }
+    axpy_body(o, e, v)
+}
+
+#[inline(always)]
+fn axpy_body(o: &mut [f32], e: f32, v: &[f32]) {
+    for (ov, vv) in o.iter_mut().zip(v) {
+        *ov += e * vv;
+    }
+}
+
+/// [`axpy_body`] vectorised 16 wide (the build's baseline is SSE2).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_avx512(o: &mut [f32], e: f32, v: &[f32]) {
+    axpy_body(o, e, v)
 }
 
 /// Gated pooling (see `Backend::compress_pool`). `width` is the channel count of `a`/`z`.
@@ -171,12 +205,15 @@ pub(crate) fn indexer_scores(
     }
     out.par_chunks_mut(t_len).enumerate().for_each(|(s, row)| {
         let vis = visible[s].min(t_len);
+        // Every head against every visible key at once ([hi, vis]), then the heads summed
+        // in order for each key.
+        let keys: Vec<&[f32]> = k[..vis * di].chunks_exact(di.max(1)).collect();
+        let mut qd = vec![0.0f32; hi * vis];
+        dots_rows(&q[s * hi * di..(s + 1) * hi * di], hi, di, &keys, &mut qd);
         for (t, o) in row[..vis].iter_mut().enumerate() {
-            let kt = &k[t * di..(t + 1) * di];
             let mut acc = 0.0f32;
             for h in 0..hi {
-                let qd = dot(&q[(s * hi + h) * di..(s * hi + h + 1) * di], kt);
-                acc += w[s * hi + h] * qd.max(0.0);
+                acc += w[s * hi + h] * qd[h * vis + t].max(0.0);
             }
             *o = acc * scale;
         }

@@ -5,8 +5,9 @@
 //! It does not depend on `m`, on which rows share the call, or on threads, so the same
 //! kernels serve batch-invariant mode and the fast mode:
 //! - the **tiled kernel** ([`super::gemm_tiled`], AVX-512F): 4 × 4 outputs in registers,
-//!   at GEMM speed, for every `m` (decode rows stream each weight row once);
-//! - the **dot path** elsewhere (AVX2+FMA or portable): one output at a time, bit-identical.
+//!   at GEMM speed, from 4 rows of `x`;
+//! - the **dot path** for fewer rows (batch-1 decode: each weight row read once, as one
+//!   sequential stream) and on CPUs without AVX-512 (AVX2+FMA or portable).
 //!
 //! f16 and quantised weights keep the dot path in batch-invariant mode and for small `m`;
 //! in fast mode from `m >= FAST_M` they take the **blocked path**: `matrixmultiply::sgemm`
@@ -283,6 +284,21 @@ pub(crate) fn dot<W: WElem>(x: &[f32], w: &[W]) -> f32 {
     W::dot(x, w)
 }
 
+/// `out[i * rows.len() + j] = dot(x[i], rows[j])` for the `m` rows of `x` (`[m, k]`) and
+/// weight rows anywhere in memory (each at least `k` long; attention's selected keys): the
+/// tiled kernel where the CPU has it, each key read once per four rows of `x`.
+pub(crate) fn dots_rows(x: &[f32], m: usize, k: usize, rows: &[&[f32]], out: &mut [f32]) {
+    if super::gemm_tiled::available() {
+        return super::gemm_tiled::dots_rows(x, m, k, rows, out);
+    }
+    let n = rows.len();
+    for i in 0..m {
+        for (j, r) in rows.iter().enumerate() {
+            out[i * n + j] = dot(&x[i * k..(i + 1) * k], &r[..k]);
+        }
+    }
+}
+
 /// The portable build of [`dot`] (the specification the SIMD builds are tested against).
 pub fn dot_f32_portable(x: &[f32], w: &[f32]) -> f32 {
     dot_body(x, w)
@@ -359,7 +375,9 @@ pub(crate) fn linear(
     if k == 0 {
         return vec![0.0; m * n];
     }
-    if super::gemm_tiled::available() {
+    // Fewer rows than a tile: one weight row at a time is one sequential stream, which the
+    // hardware prefetcher follows better than a tile's interleaved rows (same bits).
+    if super::gemm_tiled::available() && m >= super::gemm_tiled::MR {
         match w {
             WeightRef::F32(ws) => return linear_tiled(x, m, k, ws, n),
             WeightRef::BF16(ws) => return linear_tiled(x, m, k, ws, n),

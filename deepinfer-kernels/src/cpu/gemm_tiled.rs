@@ -69,6 +69,30 @@ impl Wide16 for bf16 {
     }
 }
 
+/// The weight rows of a call: row `j` has at least `k` values.
+pub(crate) trait Rows<W>: Sync {
+    /// Row `j`.
+    fn row(&self, j: usize) -> &[W];
+}
+
+/// Rows of a contiguous `[cols, k]` matrix.
+struct Contiguous<'a, W> {
+    w: &'a [W],
+    k: usize,
+}
+
+impl<W: Sync> Rows<W> for Contiguous<'_, W> {
+    fn row(&self, j: usize) -> &[W] {
+        &self.w[j * self.k..(j + 1) * self.k]
+    }
+}
+
+impl<W: Sync> Rows<W> for [&[W]] {
+    fn row(&self, j: usize) -> &[W] {
+        self[j]
+    }
+}
+
 /// Where a call writes its outputs: element `(i, j)` of the call goes to `ptr[i * ld + j]`.
 /// Calls on disjoint column ranges of one output matrix may run in parallel.
 #[derive(Clone, Copy)]
@@ -118,13 +142,30 @@ pub(crate) unsafe fn dots_into<W: Wide16>(
     // SAFETY: AVX-512F and FMA are present (asserted), the slices hold their shapes and the
     // caller gives this call the output elements it writes.
     unsafe {
-        avx512::dots_into(x, m, k, w, cols, out, col0)
+        avx512::dots_into(x, m, k, &Contiguous { w, k }, cols, out, col0)
+    }
+}
+
+/// `out[i * rows.len() + j] = dot(x[i], rows[j])` for the `m` rows of `x` (`[m, k]`) and
+/// weight rows anywhere in memory (each at least `k` long), through the tiled kernel.
+///
+/// # Panics
+/// If [`available`] is false or a slice is shorter than its shape.
+pub(crate) fn dots_rows(x: &[f32], m: usize, k: usize, rows: &[&[f32]], out: &mut [f32]) {
+    let cols = rows.len();
+    assert!(available(), "the tiled kernel needs AVX-512F");
+    assert!(x.len() >= m * k && out.len() >= m * cols && rows.iter().all(|r| r.len() >= k));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX-512F and FMA are present (asserted), the slices hold their shapes, and the
+    // call has `out` to itself (an exclusive borrow of m × cols values).
+    unsafe {
+        avx512::dots_into(x, m, k, rows, cols, OutView::new(out, cols), 0)
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{LANES, MR, NR, OutView, Wide16, finish};
+    use super::{LANES, MR, NR, OutView, Rows, Wide16, finish};
     use std::arch::x86_64::*;
 
     /// The lane sums of an `R × NR` tile over the first `full` values of each row (a
@@ -137,12 +178,18 @@ mod avx512 {
     unsafe fn tile<W: Wide16, const R: usize>(
         xs: &[*const f32; R],
         ws: &[*const W; NR],
+        next: &[*const W; NR],
         full: usize,
     ) -> [[__m512; NR]; R] {
         let mut acc = [[_mm512_setzero_ps(); NR]; R];
         let mut xv = [_mm512_setzero_ps(); R];
         let mut c = 0;
         while c < full {
+            for p in next {
+                // A hint only (never faults): the next tile's weight rows at the same offset,
+                // so the interleaved rows stream from memory as one sequential read would.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c).cast());
+            }
             for i in 0..R {
                 // SAFETY: c + 16 <= full values are readable at xs[i] (caller).
                 xv[i] = unsafe { _mm512_loadu_ps(xs[i].add(c)) };
@@ -167,7 +214,7 @@ mod avx512 {
     fn store<W: Wide16, const R: usize>(
         acc: &[[__m512; NR]; R],
         x: &[f32],
-        w: &[W],
+        w: &(impl Rows<W> + ?Sized),
         (k, full): (usize, usize),
         (i0, rows): (usize, usize),
         (j0, cols): (usize, usize),
@@ -191,7 +238,7 @@ mod avx512 {
             for (j, v) in row.iter().enumerate().take(cols) {
                 // SAFETY: lanes holds 16 f32; unaligned store.
                 unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
-                let wr = &w[(j0 + j) * k..(j0 + j + 1) * k];
+                let wr = &w.row(j0 + j)[..k];
                 put(i, j, finish(lanes, &xr[full..], &wr[full..]));
             }
         }
@@ -216,7 +263,7 @@ mod avx512 {
         x: &[f32],
         m: usize,
         k: usize,
-        w: &[W],
+        w: &(impl Rows<W> + ?Sized),
         cols: usize,
         out: OutView,
         col0: usize,
@@ -230,7 +277,7 @@ mod avx512 {
             return;
         }
         let full = k / LANES * LANES;
-        let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        let xp = x.as_ptr();
         let mut i0 = 0;
         while i0 < m {
             let rows = if m - i0 >= MR { MR } else { 1 };
@@ -238,10 +285,14 @@ mod avx512 {
             while j0 < cols {
                 let n = NR.min(cols - j0);
                 // A short last tile repeats its last weight row and drops the extra sums.
-                let mut ws = [wp; NR];
+                let mut ws = [std::ptr::null::<W>(); NR];
+                let mut next = [std::ptr::null::<W>(); NR];
                 for (j, p) in ws.iter_mut().enumerate() {
-                    // SAFETY: row min(j0 + j, cols - 1) < cols lies inside w.
-                    *p = unsafe { wp.add((j0 + j.min(n - 1)) * k) };
+                    // Row min(j0 + j, cols - 1) < cols, at least k long.
+                    *p = w.row(j0 + j.min(n - 1)).as_ptr();
+                }
+                for (j, p) in next.iter_mut().enumerate() {
+                    *p = w.row((j0 + NR + j).min(cols - 1)).as_ptr();
                 }
                 let shape = (k, full);
                 if rows == MR {
@@ -251,13 +302,13 @@ mod avx512 {
                         *p = unsafe { xp.add((i0 + i) * k) };
                     }
                     // SAFETY: each pointer has k >= full readable values.
-                    let acc = unsafe { tile::<W, MR>(&xs, &ws, full) };
+                    let acc = unsafe { tile::<W, MR>(&xs, &ws, &next, full) };
                     store(&acc, x, w, shape, (i0, MR), (j0, n), out);
                 } else {
                     // SAFETY: row i0 < m lies inside x.
                     let xs = [unsafe { xp.add(i0 * k) }];
                     // SAFETY: as above.
-                    let acc = unsafe { tile::<W, 1>(&xs, &ws, full) };
+                    let acc = unsafe { tile::<W, 1>(&xs, &ws, &next, full) };
                     store(&acc, x, w, shape, (i0, 1), (j0, n), out);
                 }
                 j0 += NR;
