@@ -303,8 +303,11 @@ fn perplexity_scores_a_text_file_teacher_forced() {
 #[test]
 fn a_second_process_finds_the_prefix_in_the_kv_cache_dir() {
     let dir = tempfile::tempdir().unwrap();
+    // Long enough for full blocks of the embedded model's 32 tokens before the last window.
     let prompt = "Summarise the following in one line: the quick brown fox jumps over the lazy \
-                  dog, then the dog chases the fox around the farm until both fall asleep.";
+                  dog, then the dog chases the fox around the farm until both fall asleep. In \
+                  the morning the farmer finds them curled up together in the hay, wakes them \
+                  with a bucket of cold water, and the chase starts all over again.";
     let run = |tag: &str| -> (Value, String) {
         let out = deepinfer(
             dir.path(),
@@ -437,4 +440,46 @@ fn generate_with_expert_parallel_ranks_writes_the_same_answers() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("expert_parallel"), "{err}");
+}
+
+#[test]
+fn the_kv_pool_is_sized_from_a_memory_budget_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = deepinfer(dir.path(), &["generate", "--kv-cache-memory", "64M"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("kv pool:"))
+        .expect("a pool line");
+    // The embedded model's block size (32) and no more than the 64 MiB asked for.
+    assert!(line.contains("blocks of 32 tokens"), "{line}");
+    let mib: f64 = line
+        .split(", ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(mib <= 64.0 && mib > 60.0, "{line}");
+    // An explicit block count and size override the budget.
+    let out = deepinfer(
+        dir.path(),
+        &["generate", "--num-blocks", "500", "--block-size", "16"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("kv pool: 500 blocks of 16 tokens"), "{err}");
+    // Budgets that cannot hold one context, and bad fractions: one line, non-zero exit.
+    for bad in ["1K", "auto:0", "auto:2", "lots"] {
+        let out = deepinfer(dir.path(), &["generate", "--kv-cache-memory", bad]);
+        assert!(!out.status.success(), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("kv") || err.contains(bad), "{bad}: {err}");
+    }
 }

@@ -3,7 +3,8 @@
 use super::backend::BackendArg;
 use crate::model::Model;
 use crate::runtime::{
-    ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, default_model_dir, materialize_default,
+    ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, KvCacheMemory, KvPool, default_model_dir,
+    materialize_default,
 };
 use clap::Args;
 use deepinfer_kernels::{Backend, CpuConfig};
@@ -30,12 +31,18 @@ pub struct EngineArgs {
     /// Thinking mode for requests that do not say.
     #[arg(long)]
     pub thinking: bool,
-    /// KV pool size in blocks.
-    #[arg(long, default_value_t = 4096)]
-    pub num_blocks: usize,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
+    /// KV pool memory: a size (`512M`, `4G`) for the window state of `--max-num-seqs`
+    /// sequences and the paged blocks, or `auto` (half the available host memory; `auto:F`
+    /// for a fraction F), capped at what `--max-num-seqs` full-length sequences can use.
+    #[arg(long, default_value = "auto", value_parser = parse_kv_cache_memory)]
+    pub kv_cache_memory: KvCacheMemory,
+    /// KV pool size in blocks, instead of `--kv-cache-memory`.
+    #[arg(long)]
+    pub num_blocks: Option<usize>,
+    /// Tokens per KV block (the granularity of prefix hits). Default: the model's block size
+    /// (128 for V4.1-Flash and V4-Flash, 32 for the embedded model).
+    #[arg(long)]
+    pub block_size: Option<usize>,
     /// Most sequences per step.
     #[arg(long, default_value_t = 64)]
     pub max_num_seqs: usize,
@@ -164,6 +171,39 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{s}` is too large"))
 }
 
+/// One line saying how the KV pool was sized, for the CLI's start-up report.
+pub fn pool_line(pool: &KvPool, sequences: usize) -> String {
+    format!(
+        "kv pool: {} blocks of {} tokens ({} tokens), {:.1} MiB with the window state of {} sequences",
+        pool.num_blocks,
+        pool.block_size,
+        pool.num_blocks * pool.block_size,
+        pool.bytes(sequences) as f64 / (1u64 << 20) as f64,
+        sequences
+    )
+}
+
+/// `auto`, `auto:F` (a fraction in (0, 1]) or a byte size, for `--kv-cache-memory`.
+pub fn parse_kv_cache_memory(s: &str) -> Result<KvCacheMemory, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("auto") {
+        return Ok(KvCacheMemory::Auto(0.5));
+    }
+    if let Some(f) = t.strip_prefix("auto:") {
+        let v: f64 = f
+            .parse()
+            .map_err(|_| format!("`{s}`: the fraction after auto: is not a number"))?;
+        if !(v > 0.0 && v <= 1.0) {
+            return Err(format!("`{s}`: the fraction must be in (0, 1]"));
+        }
+        return Ok(KvCacheMemory::Auto(v));
+    }
+    match parse_bytes(t)? {
+        0 => Err(format!("`{s}`: the KV cache needs some memory")),
+        b => Ok(KvCacheMemory::Bytes(b)),
+    }
+}
+
 /// The tokenizer for a model directory: its `tokenizer.json`, else the vendored DeepSeek V4 one.
 pub fn tokenizer_for(dir: Option<&Path>, vocab: usize) -> Result<PromptTokenizer, String> {
     let tok = match dir.map(|d| d.join("tokenizer.json")).filter(|p| p.exists()) {
@@ -207,8 +247,14 @@ impl EngineArgs {
     /// The engine configuration these flags give.
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
-            num_blocks: self.num_blocks,
-            block_size: self.block_size,
+            num_blocks: self
+                .num_blocks
+                .unwrap_or(EngineConfig::default().num_blocks),
+            kv_cache_memory: match self.num_blocks {
+                Some(_) => None,
+                None => Some(self.kv_cache_memory),
+            },
+            block_size: self.block_size.unwrap_or(0),
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             prefix_caching: !self.no_prefix_cache,

@@ -136,6 +136,10 @@ where
     }
     eprintln!("model: {label} (ready in {load_s:.1} s)");
     eprintln!(
+        "{}",
+        super::engine_args::pool_line(&engine.kv_pool(), a.engine.max_num_seqs)
+    );
+    eprintln!(
         "{} request line(s) from {source}: {} completed, {} error record(s); {} prompt + {} generated tokens in {:.2} s ({:.0} generated tok/s)",
         sum.lines,
         sum.completed,

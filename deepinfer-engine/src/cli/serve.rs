@@ -69,6 +69,7 @@ where
             .and_then(|d| d.file_name())
             .map_or_else(|| "deepinfer".into(), |n| n.to_string_lossy().into_owned())
     });
+    let pool = super::engine_args::pool_line(&engine.kv_pool(), a.engine.max_num_seqs);
     let online = Arc::new(OnlineEngine::start(engine, a.max_queued_requests));
     let state = AppState::new(
         online.clone(),
@@ -90,6 +91,7 @@ where
             .map_err(|e| format!("cannot listen on {}:{}: {e}", a.host, a.port))?;
         let addr = listener.local_addr()?;
         eprintln!("model: {label} (ready in {load_s:.1} s), served as '{name}'");
+        eprintln!("{pool}");
         eprintln!("listening on http://{addr}");
         let drain = online.clone();
         let shutdown = async move {

@@ -19,7 +19,8 @@ pub use batch::{BatchSummary, SAMPLE_BATCH, run_batch};
 pub use chat::{ChatError, ChatFrontend, PreparedChat};
 pub use default_model::{DEFAULT_SEED, default_model_dir, load_default, materialize_default};
 pub use engine::{
-    Engine, EngineConfig, EngineError, Metrics, STEP_HISTORY, SpecBudget, StepTimes, StreamEvent,
+    Engine, EngineConfig, EngineError, KvCacheMemory, KvPool, Metrics, STEP_HISTORY, SpecBudget,
+    StepTimes, StreamEvent, available_host_memory, default_block_size,
 };
 pub use expert_load::{EplbReport, eplb_report};
 pub use online::{EventSink, OnlineEngine, OnlineStats, SubmitError};

@@ -5,9 +5,16 @@ use super::*;
 /// Engine settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
-    /// KV blocks in the pool (the memory budget: fewer blocks means preemption sooner).
+    /// KV blocks in the pool, when [`EngineConfig::kv_cache_memory`] is `None` (fewer blocks
+    /// means preemption sooner).
     pub num_blocks: usize,
-    /// Tokens per KV block (also the granularity of prefix hits).
+    /// The KV pool's memory budget: the block count then comes from the model's cache layout
+    /// (`Model::kv_layout`) and this budget, and `num_blocks` is not used. `None`: exactly
+    /// `num_blocks` blocks.
+    pub kv_cache_memory: Option<KvCacheMemory>,
+    /// Tokens per KV block (also the granularity of prefix hits); 0: the model's block size,
+    /// the least multiple of 32, of every compression ratio and of the sliding window
+    /// (rounded up to a power of two, at most 128): 128 for V4.1-Flash and V4-Flash.
     pub block_size: usize,
     /// Most sequences in one step.
     pub max_num_seqs: usize,
@@ -96,6 +103,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             num_blocks: 4096,
+            kv_cache_memory: None,
             block_size: 16,
             max_num_seqs: 64,
             max_num_batched_tokens: 2048,

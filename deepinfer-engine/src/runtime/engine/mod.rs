@@ -74,6 +74,7 @@ mod events;
 mod job;
 mod live;
 mod metrics;
+mod pool;
 mod step;
 
 use calibrate::{calibrate, calibrate_prefill, default_global_blocks, hit_rule};
@@ -83,6 +84,7 @@ pub use events::StreamEvent;
 pub(crate) use events::{Command, Driver};
 use live::{Live, finish_all, parse_tokens, plain_parsing};
 pub use metrics::{Metrics, STEP_HISTORY, StepTimes};
+pub use pool::{KvCacheMemory, KvPool, available_host_memory, default_block_size};
 
 /// Anything that stops a `generate` call.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +129,8 @@ pub struct Engine<B: Backend> {
     step_times: Vec<f32>,
     /// Most KV blocks in use at once.
     kv_peak: usize,
+    /// The KV pool's size.
+    pool: pool::KvPool,
     /// Where the routed experts are, with expert parallelism.
     placement: Option<Arc<crate::model::ExpertPlacement>>,
     /// EPLB's state, when it re-places the experts.
@@ -153,14 +157,13 @@ impl<B: Backend> Engine<B>
 where
     B::Tensor: Clone,
 {
-    /// An engine over `model`. Sizes the model's global-state block pool from the
-    /// configuration ([`EngineConfig::global_cache_blocks`]) while no state holds a block.
-    pub fn new(mut model: Model<B>, cfg: EngineConfig) -> Result<Self, EngineError> {
-        if cfg.block_size == 0 || cfg.num_blocks == 0 {
-            return Err(EngineError::Config(
-                "num_blocks and block_size must be positive".into(),
-            ));
-        }
+    /// An engine over `model`. Sizes the KV pool ([`EngineConfig::kv_cache_memory`],
+    /// [`EngineConfig::block_size`]) and the model's global-state block pool
+    /// ([`EngineConfig::global_cache_blocks`], while no state holds a block).
+    pub fn new(mut model: Model<B>, mut cfg: EngineConfig) -> Result<Self, EngineError> {
+        // The pool as configured: its block size and count, from here on in `cfg`.
+        let pool = pool::size_pool(&model, &cfg)?;
+        (cfg.block_size, cfg.num_blocks) = (pool.block_size, pool.num_blocks);
         let experts = model.cfg.n_routed_experts;
         if cfg.expert_parallel == 0 || cfg.expert_parallel > experts.max(1) {
             return Err(EngineError::Config(format!(
@@ -228,6 +231,7 @@ where
         });
         Ok(Self {
             model: Arc::new(model),
+            pool,
             sched,
             tokenizer: None,
             prefix,
@@ -428,6 +432,12 @@ where
     pub fn reset_prefix_cache(&mut self) {
         while self.prefix.evict_lru() {}
         self.sched.kv_mut().evict_cached(usize::MAX);
+    }
+
+    /// The KV pool as sized at start-up: blocks, tokens per block, bytes per block and per
+    /// running sequence.
+    pub fn kv_pool(&self) -> KvPool {
+        self.pool
     }
 
     /// KV blocks of the pool, and the most in use at once so far.
