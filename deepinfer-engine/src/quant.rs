@@ -1,8 +1,9 @@
 //! Decoding of the stored weight formats into f32: bf16, f16, FP8 e4m3 with block scales,
 //! FP4 e2m1 pairs with per-32 UE8M0 scales, and UE8M0 scales themselves.
 //!
-//! The engine dequantises on load (see the crate README): the CPU backend computes in f32,
-//! so a quantised checkpoint costs 4 bytes per weight in memory.
+//! Matmul matrices stored FP8 or FP4 stay quantised on the backend
+//! (`WeightLoader::stored_quant`); these decoders serve the other tensors, layouts the
+//! kernels do not read, and `MatmulWeights::F32`.
 
 /// FP8 e4m3fn (no infinities; 0x7f/0xff are NaN) to f32.
 pub fn e4m3_to_f32(b: u8) -> f32 {

@@ -276,6 +276,86 @@ impl<'a> WeightLoader<'a> {
         Some((bytes, start, dtype))
     }
 
+    /// A stored FP8 e4m3 matrix with its block scales (UE8M0 or f32), or FP4 e2m1 pairs with
+    /// per-32 UE8M0 scales along each row, as the kernels' quantised matrix (codes and scales
+    /// copied as stored, nothing decoded). `None` when `name` is not stored so or its scale
+    /// does not tile it in a layout the kernels read; [`WeightLoader::f32`] then decodes it
+    /// (and reports what is wrong).
+    pub fn stored_quant(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+    ) -> Option<deepinfer_kernels::QuantMatrix> {
+        use deepinfer_kernels::{QuantFormat, QuantMatrix, ScaleFormat};
+        let raw = self.ck.get(name)?;
+        let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        let cols = *shape.last()?;
+        let base = name.strip_suffix(".weight").unwrap_or(name);
+        let sname = format!("{base}.scale");
+        let sraw = self.ck.get(&sname)?;
+        let (sr, sc) = match sraw.shape.as_slice() {
+            [r, c] => (*r, *c),
+            [c] => (1, *c),
+            _ => return None,
+        };
+        if sr == 0 || sc == 0 {
+            return None;
+        }
+        let scale_bytes = self.ck.bytes(sraw).bytes().to_vec();
+        let ue8m0 = matches!(sraw.dtype, Dtype::F8_E8M0 | Dtype::U8);
+        let codes = self.ck.bytes(raw).bytes().to_vec();
+        let q = match raw.dtype {
+            Dtype::F8_E4M3 if raw.shape == shape => {
+                let (br, bc) = match self.fp8_block {
+                    Some([br, bc]) => (br, bc),
+                    None => (rows.div_ceil(sr), cols.div_ceil(sc)),
+                };
+                if br == 0 || bc == 0 || rows.div_ceil(br) != sr || cols.div_ceil(bc) != sc {
+                    return None;
+                }
+                let (scale, f32s, bytes) = match sraw.dtype {
+                    _ if ue8m0 => (ScaleFormat::Ue8m0, None, Some(scale_bytes)),
+                    Dtype::F32 => {
+                        let v = scale_bytes
+                            .chunks_exact(4)
+                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                            .collect();
+                        (ScaleFormat::F32, Some(v), None)
+                    }
+                    _ => return None,
+                };
+                let format = QuantFormat::Fp8 {
+                    block_rows: br,
+                    block_cols: bc,
+                    scale,
+                };
+                QuantMatrix::from_parts(format, rows, cols, codes, f32s, bytes, 1.0).ok()?
+            }
+            Dtype::I8 | Dtype::U8 => {
+                let packed = raw.shape.len() == shape.len()
+                    && raw.shape[..raw.shape.len() - 1] == shape[..shape.len() - 1]
+                    && raw.shape.last().map(|&x| x * 2) == Some(cols);
+                if !packed || !ue8m0 || !cols.is_multiple_of(32) || (sr, sc) != (rows, cols / 32) {
+                    return None;
+                }
+                QuantMatrix::from_parts(
+                    QuantFormat::Mxfp4,
+                    rows,
+                    cols,
+                    codes,
+                    None,
+                    Some(scale_bytes),
+                    1.0,
+                )
+                .ok()?
+            }
+            _ => return None,
+        };
+        self.used.insert(name.to_string());
+        self.used.insert(sname);
+        Some(q)
+    }
+
     /// An integer table (e.g. `tid2eid`), stored as i32, i64 or u8..u32, as i64 values.
     pub fn ints(&mut self, name: &str, shape: &[usize]) -> Vec<i64> {
         let n: usize = shape.iter().product();

@@ -7,36 +7,12 @@ use common::*;
 use deepinfer_engine::checkpoint::Checkpoint;
 use deepinfer_engine::weights::{WeightLoader, WeightProblem};
 use deepinfer_engine::{Model, ModelError};
-use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::path::Path;
 
 /// Copy v4-tiny-dev (upstream names) into a temp dir, editing the tensor list on the way.
 fn rewrite(edit: impl Fn(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>)) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        data("v4-tiny-dev/config.json"),
-        dir.path().join("config.json"),
-    )
-    .unwrap();
-    let bytes = std::fs::read(data("v4-tiny-dev/model.upstream.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut ts: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
-        .collect();
-    edit(&mut ts);
-    write(&dir.path().join("model.safetensors"), &ts);
-    dir
-}
-
-fn write(path: &Path, ts: &[(String, Dtype, Vec<usize>, Vec<u8>)]) {
-    let views: Vec<(String, TensorView<'_>)> = ts
-        .iter()
-        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    safetensors::serialize_to_file(views, None, path).unwrap();
+    rewrite_fixture("v4-tiny-dev", |_| {}, edit)
 }
 
 fn load_err(dir: &Path) -> ModelError {
@@ -167,8 +143,8 @@ fn sharded_checkpoint_loads_through_the_index() {
     let (a, b): (Vec<_>, Vec<_>) = all
         .into_iter()
         .partition(|t| t.0.contains("layers.1") || t.0.contains("embed"));
-    write(&dir.path().join("model-00001-of-00002.safetensors"), &a);
-    write(&dir.path().join("model-00002-of-00002.safetensors"), &b);
+    write_safetensors(&dir.path().join("model-00001-of-00002.safetensors"), &a);
+    write_safetensors(&dir.path().join("model-00002-of-00002.safetensors"), &b);
     let mut map = serde_json::Map::new();
     for t in &a {
         map.insert(t.0.clone(), "model-00001-of-00002.safetensors".into());
@@ -203,7 +179,7 @@ fn quantised_storage_decodes() {
         .iter()
         .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
         .collect();
-    write(
+    write_safetensors(
         &p,
         &[
             ("a.weight".into(), Dtype::F8_E4M3, vec![2, 4], fp8),
@@ -226,7 +202,7 @@ fn quantised_storage_decodes() {
 
     // an FP8 weight without its scale is a dtype problem, not a silent misread
     let p2 = dir.path().join("noscale.safetensors");
-    write(
+    write_safetensors(
         &p2,
         &[(
             "a.weight".into(),
@@ -364,7 +340,7 @@ fn fp8_blocks_come_from_weight_block_size_when_the_config_gives_it() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("q.safetensors");
     // [48, 4] of 1.0 with a [2, 1] scale (2^1, 2^-1): blocks of 32 rows, the last one short.
-    write(
+    write_safetensors(
         &p,
         &[
             (

@@ -169,9 +169,15 @@ pub struct ModelW<T> {
 pub enum MatmulWeights {
     /// Keep the stored precision: bf16 / f16 matrices stay 16-bit on the backend (the kernels
     /// widen them exactly, so the logits are bit-identical to f32 copies of the same values,
-    /// at half the memory traffic); f32 stays f32; FP8 / FP4 are dequantised to f32.
+    /// at half the memory traffic); f32 stays f32; FP8 e4m3 with block scales and FP4 e2m1
+    /// with per-32 UE8M0 scales stay quantised (1 and 0.5 bytes per weight plus scales) and
+    /// are multiplied by the quantised kernels (in batch-invariant mode bit-identical to f32
+    /// copies of the dequantised values).
     #[default]
     AsStored,
+    /// Decode every matmul matrix to f32 on load (FP8 and FP4 dequantised, 16-bit widened):
+    /// four bytes per weight, the reference the quantised path is checked against.
+    F32,
     /// Round every matmul matrix to bf16 (an approximation for f32 checkpoints, as running
     /// transformers in bf16 is; activations and accumulation stay f32).
     Bf16,
@@ -205,8 +211,14 @@ impl<B: Backend> Up<'_, '_, B> {
     /// unless an f32 or f16 matrix must be rounded to bf16.
     fn m(&mut self, name: &str, shape: &[usize]) -> KResult<B::Tensor> {
         let stored = self.ld.stored_dtype(name);
+        if self.opts.matmul_weights == MatmulWeights::AsStored
+            && let Some(q) = self.ld.stored_quant(name, shape)
+        {
+            return self.be.upload_quant(&q);
+        }
         let as_stored = self.opts.matmul_weights == MatmulWeights::AsStored
-            || stored == Some(safetensors::Dtype::BF16);
+            || (stored == Some(safetensors::Dtype::BF16)
+                && self.opts.matmul_weights != MatmulWeights::F32);
         if as_stored && let Some(t) = self.shared(name, shape) {
             return t;
         }
@@ -233,6 +245,7 @@ impl<B: Backend> Up<'_, '_, B> {
     ) -> KResult<B::Tensor> {
         use safetensors::Dtype;
         match (self.opts.matmul_weights, stored) {
+            (MatmulWeights::F32, _) => self.put(t, shape),
             (MatmulWeights::Bf16, _) | (_, Some(Dtype::BF16)) => {
                 let v: Vec<half::bf16> =
                     t.data().iter().map(|&x| half::bf16::from_f32(x)).collect();
@@ -258,8 +271,14 @@ impl<B: Backend> Up<'_, '_, B> {
     ) -> KResult<B::Tensor> {
         let stored = self.ld.expert_stored_dtype(prefix, e, which);
         let unfused = format!("{prefix}.experts.{e}.{which}.weight");
+        if self.opts.matmul_weights == MatmulWeights::AsStored
+            && let Some(q) = self.ld.stored_quant(&unfused, shape)
+        {
+            return self.be.upload_quant(&q);
+        }
         let as_stored = self.opts.matmul_weights == MatmulWeights::AsStored
-            || stored == Some(safetensors::Dtype::BF16);
+            || (stored == Some(safetensors::Dtype::BF16)
+                && self.opts.matmul_weights != MatmulWeights::F32);
         if as_stored && let Some(t) = self.shared(&unfused, shape) {
             return t;
         }

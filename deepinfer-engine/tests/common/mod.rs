@@ -149,3 +149,49 @@ pub fn prompt(seed: u64, len: usize) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A checkpoint tensor as the test helpers write it: name, dtype, shape, little-endian bytes.
+pub type RawTensor = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// Writes `ts` as one safetensors file.
+pub fn write_safetensors(path: &std::path::Path, ts: &[RawTensor]) {
+    use safetensors::tensor::TensorView;
+    let views: Vec<(String, TensorView<'_>)> = ts
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+/// Copies fixture `dir` (its config, edited by `config`, and its upstream-named weights,
+/// edited by `edit`) into a temp dir.
+pub fn rewrite_fixture(
+    dir: &str,
+    config: impl Fn(&mut serde_json::Value),
+    edit: impl Fn(&mut Vec<RawTensor>),
+) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data(&format!("{dir}/config.json"))).unwrap())
+            .unwrap();
+    config(&mut cfg);
+    std::fs::write(out.path().join("config.json"), cfg.to_string()).unwrap();
+    let map = data(&format!("{dir}/engram_token_map.json"));
+    if map.exists() {
+        std::fs::copy(&map, out.path().join("engram_token_map.json")).unwrap();
+    }
+    let file = match dir {
+        "v4-tiny-dev" => "model.upstream.safetensors",
+        _ => "model.safetensors",
+    };
+    let bytes = std::fs::read(data(&format!("{dir}/{file}"))).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut ts: Vec<RawTensor> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    edit(&mut ts);
+    write_safetensors(&out.path().join("model.safetensors"), &ts);
+    out
+}
