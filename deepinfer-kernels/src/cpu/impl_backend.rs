@@ -6,6 +6,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use super::experts::swiglu_vec;
 use super::gemm::{self, WeightRef};
 use super::layout::{self, split_at_axis};
 use super::tensor::{CpuTensor, Data, check_len, want_rank};
@@ -15,7 +16,7 @@ use crate::backend::{Backend, ExpertWeights, HcMixes, RouteParams, TensorInfo, U
 use crate::error::{KernelError, Result, invalid, shape_err};
 use crate::quant::{FakeQuant, QuantMatrix};
 
-fn f32t(data: Vec<f32>, shape: &[usize]) -> CpuTensor {
+pub(super) fn f32t(data: Vec<f32>, shape: &[usize]) -> CpuTensor {
     CpuTensor::f32_unchecked(data, shape)
 }
 
@@ -27,7 +28,10 @@ fn dtype_err(op: &'static str, t: &CpuTensor) -> KernelError {
 }
 
 /// The weight view of a rank-2 tensor: `(w, n, k)`.
-fn weight_ref<'a>(op: &'static str, w: &'a CpuTensor) -> Result<(WeightRef<'a>, usize, usize)> {
+pub(super) fn weight_ref<'a>(
+    op: &'static str,
+    w: &'a CpuTensor,
+) -> Result<(WeightRef<'a>, usize, usize)> {
     want_rank(op, w, 2)?;
     let (n, k) = (w.shape[0], w.shape[1]);
     let r = match &w.data {
@@ -40,7 +44,7 @@ fn weight_ref<'a>(op: &'static str, w: &'a CpuTensor) -> Result<(WeightRef<'a>, 
     Ok((r, n, k))
 }
 
-fn check_index(op: &'static str, idx: &[i64], bound: usize) -> Result<()> {
+pub(super) fn check_index(op: &'static str, idx: &[i64], bound: usize) -> Result<()> {
     if let Some(&bad) = idx.iter().find(|&&i| i < -1 || i >= bound as i64) {
         return Err(invalid(op, format!("index {bad} out of range 0..{bound}")));
     }
@@ -316,134 +320,15 @@ impl Backend for CpuBackend {
     }
 
     fn gather_rows(&self, table: &CpuTensor, idx: &CpuTensor) -> Result<CpuTensor> {
-        const OP: &str = "gather_rows";
-        if table.shape.is_empty() {
-            return Err(shape_err(OP, "table must have rank >= 1"));
-        }
-        let ids = idx.to_i64(OP)?;
-        let v = table.shape[0];
-        if let Some(&bad) = ids.iter().find(|&&i| i < 0 || i >= v as i64) {
-            return Err(invalid(OP, format!("index {bad} out of range 0..{v}")));
-        }
-        let row: usize = table.shape[1..].iter().product();
-        let mut shape = idx.shape.clone();
-        shape.extend_from_slice(&table.shape[1..]);
-        macro_rules! gather {
-            ($src:expr) => {{
-                let mut out = Vec::with_capacity(ids.len() * row);
-                for &i in ids.iter() {
-                    out.extend_from_slice(&$src[i as usize * row..(i as usize + 1) * row]);
-                }
-                out
-            }};
-        }
-        let data = match &table.data {
-            Data::I32(t) => Data::I32(Buf::owned(gather!(t))),
-            Data::I64(t) => Data::I64(Buf::owned(gather!(t))),
-            Data::F32(t) => Data::F32(Buf::owned(gather!(t))),
-            Data::BF16(t) => Data::F32(Buf::owned(gather!(t).iter().map(|x| x.to_f32()).collect())),
-            Data::F16(t) => Data::F32(Buf::owned(gather!(t).iter().map(|x| x.to_f32()).collect())),
-            Data::Quant(q) => {
-                let mut out = vec![0.0f32; ids.len() * row];
-                for (o, &i) in out.chunks_mut(row.max(1)).zip(ids.iter()) {
-                    q.dequantize_row(i as usize, o);
-                }
-                Data::F32(Buf::owned(out))
-            }
-        };
-        Ok(CpuTensor { shape, data })
+        super::rows::gather_rows(table, idx)
     }
 
     fn write_rows(&self, dst: &mut CpuTensor, row: usize, src: &CpuTensor) -> Result<()> {
-        const OP: &str = "write_rows";
-        if dst.shape.is_empty() || src.shape.is_empty() || dst.shape[1..] != src.shape[1..] {
-            return Err(shape_err(
-                OP,
-                format!("{:?} into {:?}", src.shape, dst.shape),
-            ));
-        }
-        if row + src.shape[0] > dst.shape[0] {
-            return Err(shape_err(
-                OP,
-                format!("rows {row}+{} past {}", src.shape[0], dst.shape[0]),
-            ));
-        }
-        let inner: usize = dst.shape[1..].iter().product();
-        let at = row * inner;
-        match &mut dst.data {
-            Data::F32(d) => {
-                let s = src.to_f32(OP)?;
-                d.make_mut()[at..at + s.len()].copy_from_slice(&s);
-            }
-            Data::BF16(d) => {
-                let s = src.to_f32(OP)?;
-                for (o, v) in d.make_mut()[at..at + s.len()].iter_mut().zip(s.iter()) {
-                    *o = bf16::from_f32(*v);
-                }
-            }
-            Data::F16(d) => {
-                let s = src.to_f32(OP)?;
-                for (o, v) in d.make_mut()[at..at + s.len()].iter_mut().zip(s.iter()) {
-                    *o = f16::from_f32(*v);
-                }
-            }
-            Data::I32(d) => {
-                let s = src.to_i64(OP)?;
-                for (o, v) in d.make_mut()[at..at + s.len()].iter_mut().zip(s.iter()) {
-                    *o = i32::try_from(*v).map_err(|_| invalid(OP, "value overflows i32"))?;
-                }
-            }
-            Data::I64(d) => {
-                let s = src.to_i64(OP)?;
-                d.make_mut()[at..at + s.len()].copy_from_slice(&s);
-            }
-            Data::Quant(_) => {
-                return Err(KernelError::DType {
-                    op: OP,
-                    dtype: dst.dtype(),
-                });
-            }
-        }
-        Ok(())
+        super::rows::write_rows(dst, row, src)
     }
 
     fn copy_blocks(&self, cache: &mut CpuTensor, pairs: &[(usize, usize)]) -> Result<()> {
-        const OP: &str = "copy_blocks";
-        let nblocks = *cache
-            .shape
-            .first()
-            .ok_or_else(|| shape_err(OP, "cache must have rank >= 1"))?;
-        if let Some(&(s, d)) = pairs.iter().find(|&&(s, d)| s >= nblocks || d >= nblocks) {
-            return Err(invalid(
-                OP,
-                format!("pair ({s}, {d}) out of range 0..{nblocks}"),
-            ));
-        }
-        let inner: usize = cache.shape[1..].iter().product();
-        fn apply<T: Copy>(v: &mut [T], inner: usize, pairs: &[(usize, usize)]) {
-            // Sources are read before any write, so chains like (a→b, b→c) copy old b.
-            let saved: Vec<Vec<T>> = pairs
-                .iter()
-                .map(|&(s, _)| v[s * inner..(s + 1) * inner].to_vec())
-                .collect();
-            for (blk, &(_, d)) in saved.iter().zip(pairs) {
-                v[d * inner..(d + 1) * inner].copy_from_slice(blk);
-            }
-        }
-        match &mut cache.data {
-            Data::F32(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
-            Data::BF16(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
-            Data::F16(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
-            Data::I32(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
-            Data::I64(v) => apply(v.make_mut().as_mut_slice(), inner, pairs),
-            Data::Quant(_) => {
-                return Err(KernelError::DType {
-                    op: OP,
-                    dtype: cache.dtype(),
-                });
-            }
-        }
-        Ok(())
+        super::rows::copy_blocks(cache, pairs)
     }
 
     fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor> {
@@ -991,89 +876,7 @@ impl Backend for CpuBackend {
         experts: &[ExpertWeights<'_, CpuTensor>],
         limit: f32,
     ) -> Result<CpuTensor> {
-        const OP: &str = "moe_experts";
-        want_rank(OP, x, 2)?;
-        want_rank(OP, indices, 2)?;
-        let (s, d) = (x.shape[0], x.shape[1]);
-        let k = indices.shape[1];
-        if indices.shape[0] != s || weights.shape != indices.shape {
-            return Err(shape_err(
-                OP,
-                format!(
-                    "x {:?}, indices {:?}, weights {:?}",
-                    x.shape, indices.shape, weights.shape
-                ),
-            ));
-        }
-        let idx = indices.to_i64(OP)?;
-        check_index(OP, &idx, experts.len())?;
-        let wv = weights.to_f32(OP)?;
-        let xv = x.to_f32(OP)?;
-        // Rows per expert, in (row, slot) order.
-        let mut per_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); experts.len()];
-        for r in 0..s {
-            for j in 0..k {
-                let e = idx[r * k + j];
-                if e >= 0 {
-                    per_expert[e as usize].push((r, j));
-                }
-            }
-        }
-        let inv = self.config.batch_invariant;
-        // One output row per (row, slot), filled by the expert that serves it.
-        let results: Vec<ExpertOut> = self.run(|| {
-            per_expert
-                .into_par_iter()
-                .enumerate()
-                .filter(|(_, rows)| !rows.is_empty())
-                .map(|(e, rows)| -> Result<_> {
-                    let ew = experts[e];
-                    let (g, gi, gk) = weight_ref(OP, ew.gate)?;
-                    let (u, ui, uk) = weight_ref(OP, ew.up)?;
-                    let (dn, dd, dk) = weight_ref(OP, ew.down)?;
-                    if gk != d || uk != d || ui != gi || dd != d || dk != gi {
-                        return Err(shape_err(
-                            OP,
-                            format!(
-                                "expert {e}: gate {:?}, up {:?}, down {:?} for hidden {d}",
-                                ew.gate.shape, ew.up.shape, ew.down.shape
-                            ),
-                        ));
-                    }
-                    let m = rows.len();
-                    let xe: Vec<f32> = rows
-                        .iter()
-                        .flat_map(|&(r, _)| xv[r * d..(r + 1) * d].iter().copied())
-                        .collect();
-                    let gv = gemm::linear(&xe, m, d, g, gi, inv);
-                    let uv = gemm::linear(&xe, m, d, u, gi, inv);
-                    let a = swiglu_vec(&gv, &uv, limit);
-                    let y = gemm::linear(&a, m, gi, dn, d, inv);
-                    Ok((e, rows, y))
-                })
-                .collect::<Result<Vec<_>>>()
-        })?;
-        let mut slots = vec![Vec::new(); s * k];
-        for (_, rows, y) in results {
-            for (i, (r, j)) in rows.into_iter().enumerate() {
-                slots[r * k + j] = y[i * d..(i + 1) * d].to_vec();
-            }
-        }
-        let mut out = vec![0.0f32; s * d];
-        for r in 0..s {
-            let o = &mut out[r * d..(r + 1) * d];
-            for j in 0..k {
-                let y = &slots[r * k + j];
-                if y.is_empty() {
-                    continue;
-                }
-                let w = wv[r * k + j];
-                for (ov, yv) in o.iter_mut().zip(y) {
-                    *ov += w * yv;
-                }
-            }
-        }
-        Ok(f32t(out, &[s, d]))
+        super::experts::moe_experts(self, x, indices, weights, experts, limit)
     }
 
     fn fake_quant(&self, x: &CpuTensor, f: FakeQuant) -> Result<CpuTensor> {
@@ -1089,24 +892,6 @@ impl Backend for CpuBackend {
         self.run(|| v.par_chunks_mut(b).for_each(|g| f.apply_block(g)));
         Ok(f32t(v, &x.shape))
     }
-}
-
-/// One expert's result: its id, the (row, slot) pairs it served, and their outputs.
-type ExpertOut = (usize, Vec<(usize, usize)>, Vec<f32>);
-
-/// Clamped SwiGLU on slices.
-pub(crate) fn swiglu_vec(g: &[f32], u: &[f32], limit: f32) -> Vec<f32> {
-    g.iter()
-        .zip(u)
-        .map(|(&g, &u)| {
-            let (g, u) = if limit > 0.0 {
-                (g.min(limit), u.clamp(-limit, limit))
-            } else {
-                (g, u)
-            };
-            g / (1.0 + (-g).exp()) * u
-        })
-        .collect()
 }
 
 impl CpuBackend {

@@ -2,12 +2,14 @@
 
 mod attention;
 mod buf;
+mod experts;
 pub mod gemm;
 mod gemm_tiled;
 mod hc;
 mod impl_backend;
 mod layout;
 mod moe;
+mod rows;
 mod tensor;
 
 use std::sync::Arc;
