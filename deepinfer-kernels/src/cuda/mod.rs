@@ -35,9 +35,22 @@ macro_rules! launch {
     }};
 }
 
+/// Launches the one-thread-per-element kernel `$entry` of `elementwise.cu` over `$n` outputs
+/// into a new f32 buffer `$y`, with the argument list `$args` (which must mention `&mut $y`).
+macro_rules! elementwise {
+    ($self:ident, $entry:expr, $n:expr, $y:ident, [$($arg:expr),* $(,)?]) => {{
+        let mut $y = $self.stream.alloc_zeros::<f32>($n).map_err(dev("alloc"))?;
+        // SAFETY: each call site passes exactly the parameter list of `$entry` (see the
+        // comment there), with buffers of `$n` elements; one thread per element.
+        launch!($self, "elementwise", $entry, grid1($n), [$($arg),*])?;
+        $y
+    }};
+}
+
 pub mod impl_backend;
 pub mod nvrtc;
 mod ops;
+mod paths;
 
 pub use impl_backend::CudaTensor;
 pub use ops::CudaQuant;
