@@ -16,6 +16,7 @@ pub mod quant;
 pub mod runtime;
 #[cfg(feature = "server")]
 pub mod server;
+mod splitmix;
 pub mod weights;
 
 pub use config::{ModelConfig, ModelKind};

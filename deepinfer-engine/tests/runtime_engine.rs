@@ -339,7 +339,11 @@ fn sampled_speculation_gives_the_tokens_of_sampling_without_drafts() {
         });
         let spec = e.generate(reqs.clone()).unwrap();
         let m = e.metrics();
-        assert!(m.spec_rows > 0 && m.draft_tokens > 0, "{m:?}");
+        // The budgeted planner may give every row 0 drafts when its measured step times say
+        // drafting does not pay (a loaded machine); fixed-length verification always drafts.
+        if budget == SpecBudget::Fixed {
+            assert!(m.spec_rows > 0 && m.draft_tokens > 0, "{m:?}");
+        }
         for (a, b) in plain.iter().zip(&spec) {
             assert_eq!(
                 (&a.token_ids, &a.logprobs),

@@ -38,22 +38,7 @@ pub fn required_tensors(cfg: &ModelConfig) -> Result<Vec<(String, Vec<usize>)>, 
     }
 }
 
-/// SplitMix64: a small deterministic generator (weights only need to be reproducible).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[-1, 1)`.
-    fn sym(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
+use crate::splitmix::SplitMix64 as Rng;
 
 /// Values for one float tensor: norms are ones, sinks zeros, everything else uniform with
 /// standard deviation 0.02 (transformers' `initializer_range`).
@@ -96,7 +81,7 @@ pub fn write_random_checkpoint(
             for _ in 0..rows {
                 let mut picked: Vec<i64> = Vec::with_capacity(k);
                 while picked.len() < k {
-                    let x = (rng.next() % e) as i64;
+                    let x = (rng.next_u64() % e) as i64;
                     if !picked.contains(&x) {
                         picked.push(x);
                     }
@@ -134,7 +119,7 @@ pub fn write_random_checkpoint(
         .map_err(|e| ModelError::Input(format!("writing model.safetensors: {e}")))?;
     if let Some(ec) = &cfg.engram {
         let map: Vec<u64> = (0..cfg.vocab_size)
-            .map(|_| rng.next() % ec.compressed_vocab_size)
+            .map(|_| rng.next_u64() % ec.compressed_vocab_size)
             .collect();
         let json = serde_json::json!({ "token_map": map });
         std::fs::write(out_dir.join("engram_token_map.json"), json.to_string()).map_err(io)?;

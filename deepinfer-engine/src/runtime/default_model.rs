@@ -19,6 +19,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::model::{LoadWeightsError, Model, ModelError};
+use crate::splitmix::SplitMix64;
 use crate::weights::WeightProblem;
 use deepinfer_kernels::Backend;
 use std::io::Write;
@@ -251,31 +252,6 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
-}
-
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, seedable, good enough for random weights.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Two independent standard normals (Box–Muller).
-    fn normal_pair(&mut self) -> (f64, f64) {
-        let r = (-2.0 * self.unit().ln()).sqrt();
-        let t = 2.0 * std::f64::consts::PI * self.unit();
-        (r * t.cos(), r * t.sin())
-    }
 }
 
 #[cfg(test)]
