@@ -1,6 +1,6 @@
 //! SplitMix64 (Steele, Lea, Flood 2014): the tiny seedable generator behind the random
-//! checkpoints (`model::random`) and the embedded default model (`runtime::default_model`).
-//! Both only need weights that are reproducible from a seed, not statistical quality.
+//! checkpoints (`model::random`), which only need weights that are reproducible from a seed,
+//! not statistical quality.
 
 /// A SplitMix64 stream.
 pub(crate) struct SplitMix64(pub(crate) u64);
@@ -18,17 +18,5 @@ impl SplitMix64 {
     /// A uniform in `[-1, 1)` (24 bits).
     pub(crate) fn sym(&mut self) -> f32 {
         ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    /// A uniform in (0, 1] (53 bits).
-    pub(crate) fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Two independent standard normals (Box–Muller).
-    pub(crate) fn normal_pair(&mut self) -> (f64, f64) {
-        let r = (-2.0 * self.unit().ln()).sqrt();
-        let t = 2.0 * std::f64::consts::PI * self.unit();
-        (r * t.cos(), r * t.sin())
     }
 }

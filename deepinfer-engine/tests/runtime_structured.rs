@@ -1,14 +1,16 @@
-//! Structured outputs end to end on the embedded default model (random weights, the real
-//! DeepSeek vocabulary): every output under a JSON schema parses and validates, a regex
+//! Structured outputs end to end on the embedded default's architecture with random weights
+//! (the real DeepSeek vocabulary; a random model wanders through a grammar where a trained one
+//! takes its favourite path): every output under a JSON schema parses and validates, a regex
 //! constrains the text, strict tool calls come back structured,
 //! and the constraint holds with DSpark drafts verified under grammar masks; `n > 1` samples
 //! share the prompt through forks and equal independent requests.
 #![cfg(feature = "runtime")]
 
 use deepinfer_engine::Model;
+use deepinfer_engine::model::{RandomDtype, write_random_checkpoint};
+use deepinfer_engine::runtime::default_model::DEFAULT_CONFIG_JSON;
 use deepinfer_engine::runtime::{
-    ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, FinishReason, GrammarConstraint, Output,
-    materialize_default,
+    ChatFrontend, Engine, EngineConfig, FinishReason, GrammarConstraint, Output,
 };
 use deepinfer_kernels::CpuBackend;
 use deepinfer_recipe::{PromptTokenizer, SpecialToken};
@@ -19,8 +21,14 @@ use std::sync::OnceLock;
 fn model_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("runtime-structured-model");
-        materialize_default(&dir, DEFAULT_SEED).expect("default model created")
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("runtime-structured-model");
+        std::fs::create_dir_all(&base).unwrap();
+        let config = base.join("default_config.json");
+        std::fs::write(&config, DEFAULT_CONFIG_JSON).unwrap();
+        let dir = base.join("random");
+        write_random_checkpoint(&config, &dir, 0x0041_2026, RandomDtype::F32)
+            .expect("random checkpoint written");
+        dir
     })
     .clone()
 }

@@ -61,7 +61,7 @@ fn wait_exit(child: &mut Child, secs: u64) -> Option<i32> {
 /// Start a streamed chat of `max_tokens` and read until its first bytes arrived.
 fn open_stream(addr: SocketAddr, max_tokens: u64) -> (TcpStream, Vec<u8>) {
     let body = json!({
-        "model": "m", "max_tokens": max_tokens, "stream": true,
+        "model": "m", "max_tokens": max_tokens, "stream": true, "ignore_eos": true,
         "messages": [{"role": "user", "content": "go on"}],
     });
     let mut c = http::send(addr, "/v1/chat/completions", &body);

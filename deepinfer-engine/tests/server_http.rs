@@ -24,6 +24,8 @@ fn chat_body(content: &str, max_tokens: u64, seed: u64) -> Value {
         "max_tokens": max_tokens,
         "temperature": 0.8,
         "seed": seed,
+        // Every token up to the limit: the embedded model is trained and may end early.
+        "ignore_eos": true,
     })
 }
 

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod backend;
+pub mod bandwidth;
 pub mod comm;
 pub mod cpu;
 #[cfg(feature = "cuda")]

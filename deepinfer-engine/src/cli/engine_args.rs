@@ -2,8 +2,9 @@
 
 use super::backend::BackendArg;
 use crate::model::Model;
+use crate::runtime::draft_calibration::load_calibration;
 use crate::runtime::{
-    ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, KvCacheMemory, KvPool, default_model_dir,
+    ChatFrontend, Engine, EngineConfig, KvCacheMemory, KvPool, default_model_dir,
     materialize_default,
 };
 use clap::Args;
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Args)]
 pub struct EngineArgs {
     /// Model directory (config.json, weights, engram_token_map.json for V4.1, optionally
-    /// tokenizer.json). Default: the embedded tiny V4.1 model with random weights.
+    /// tokenizer.json). Default: the embedded toy V4.1 model, trained on Shakespeare.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// `max_tokens` for requests that do not set it.
@@ -283,24 +284,25 @@ impl EngineArgs {
         B::Tensor: Clone,
     {
         let t_load = std::time::Instant::now();
-        let (model, label) = match &self.model {
-            Some(dir) => (Model::load(dir, be)?, dir.display().to_string()),
+        let (dir, label) = match &self.model {
+            Some(dir) => (dir.clone(), dir.display().to_string()),
             None => {
-                let dir = default_model_dir(DEFAULT_SEED);
+                let dir = default_model_dir();
                 if !dir.join("model.safetensors").exists() {
                     eprintln!(
-                        "creating the embedded default model (seed {DEFAULT_SEED:#x}) in {}",
+                        "unpacking the embedded default model into {}",
                         dir.display()
                     );
                 }
-                let dir = materialize_default(&dir, DEFAULT_SEED)?;
                 (
-                    Model::load(&dir, be)?,
-                    "embedded default (tiny deepseek_v41, RANDOM weights: its text is not meaningful)"
-                        .to_string(),
+                    materialize_default(&dir)?,
+                    "embedded default (a toy deepseek_v41 trained on Shakespeare)".to_string(),
                 )
             }
         };
+        let model = Model::load(&dir, be)?;
+        let mut cfg = self.engine_config();
+        cfg.draft_calibration = load_calibration(&dir)?;
         if let Some(s) = model.skipped_summary() {
             eprintln!("{s}");
         }
@@ -308,8 +310,7 @@ impl EngineArgs {
         let mut front = ChatFrontend::new(tok, model.kind());
         front.default_max_tokens = self.max_tokens;
         front.default_thinking = self.thinking;
-        let engine =
-            Engine::new(model, self.engine_config())?.with_tokenizer(front.tokenizer().clone());
+        let engine = Engine::new(model, cfg)?.with_tokenizer(front.tokenizer().clone());
         Ok(Loaded {
             engine,
             front,

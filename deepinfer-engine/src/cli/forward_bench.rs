@@ -279,30 +279,7 @@ impl Floor {
 /// Best of three parallel sums over `bytes` of memory (the current rayon pool's threads),
 /// in GB/s: what any memory-bound kernel can at most read.
 fn stream_read_gb_s(bytes: usize) -> f64 {
-    use rayon::prelude::*;
-    let words: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
-    let piece = words
-        .len()
-        .div_ceil(rayon::current_num_threads().max(1) * 4);
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        let sum = words
-            .par_chunks(piece.max(1))
-            .map(|c| {
-                let mut acc = [0u64; 8];
-                for ch in c.chunks_exact(8) {
-                    for l in 0..8 {
-                        acc[l] = acc[l].wrapping_add(ch[l]);
-                    }
-                }
-                acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
-            })
-            .reduce(|| 0, u64::wrapping_add);
-        std::hint::black_box(sum);
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    bytes as f64 / best / 1e9
+    deepinfer_kernels::bandwidth::read_bandwidth_gb_s(bytes)
 }
 
 /// Run `deepinfer random-checkpoint`.

@@ -1,5 +1,5 @@
 //! `deepinfer generate`: OpenAI Batch API JSONL in, matching output JSONL out; `--prompt`
-//! for a quick answer; with no `--model` the embedded default (random weights) and, with no
+//! for a quick answer; with no `--model` the embedded default (a toy trained on Shakespeare) and, with no
 //! `--input` either, the built-in sample batch.
 
 use super::CliResult;

@@ -7,6 +7,8 @@ pub mod bench;
 #[cfg(feature = "server")]
 pub mod bench_serve;
 #[cfg(feature = "runtime")]
+pub mod draft_calibration;
+#[cfg(feature = "runtime")]
 pub mod engine_args;
 pub mod forward_bench;
 #[cfg(feature = "runtime")]
@@ -48,6 +50,9 @@ pub enum Command {
     /// Perplexity of a text file, scored teacher-forced in windows.
     #[cfg(feature = "runtime")]
     Perplexity(perplexity::PerplexityArgs),
+    /// How well the drafter's confidences predict acceptance; fits per-position temperatures.
+    #[cfg(feature = "runtime")]
+    DraftCalibration(draft_calibration::DraftCalibrationArgs),
     /// Memory plan of a model on devices: weights, cache per token and sequence, what fits.
     #[cfg(feature = "runtime")]
     Plan(plan::PlanArgs),
@@ -74,6 +79,8 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Bench(a) => bench::run(&a),
         #[cfg(feature = "runtime")]
         Command::Perplexity(a) => perplexity::run(&a),
+        #[cfg(feature = "runtime")]
+        Command::DraftCalibration(a) => draft_calibration::run(&a),
         #[cfg(feature = "runtime")]
         Command::Plan(a) => plan::run(&a),
         #[cfg(feature = "server")]

@@ -7,7 +7,7 @@ use super::CliResult;
 use super::backend::{self, BackendArg};
 use super::engine_args::tokenizer_for;
 use crate::model::{BatchItem, Logits, Model};
-use crate::runtime::{DEFAULT_SEED, default_model_dir, materialize_default};
+use crate::runtime::{default_model_dir, materialize_default};
 use clap::Args;
 use deepinfer_kernels::{Backend, CpuBackend, CpuConfig};
 use deepinfer_recipe::SpecialToken;
@@ -19,7 +19,7 @@ pub struct PerplexityArgs {
     /// The text to score (UTF-8).
     #[arg(long)]
     pub text: PathBuf,
-    /// Model directory (default: the embedded tiny V4.1 model with random weights).
+    /// Model directory (default: the embedded toy V4.1 model, trained on Shakespeare).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Tokens per window (the context each scored token sees at most).
@@ -137,10 +137,7 @@ where
         .map_err(|e| format!("cannot read {}: {e}", a.text.display()))?;
     let model = match &a.model {
         Some(dir) => Model::load(dir, be)?,
-        None => Model::load(
-            &materialize_default(&default_model_dir(DEFAULT_SEED), DEFAULT_SEED)?,
-            be,
-        )?,
+        None => Model::load(&materialize_default(&default_model_dir())?, be)?,
     };
     let tok = tokenizer_for(a.model.as_deref(), model.cfg.vocab_size)?;
     let mut ids: Vec<u32> = tok

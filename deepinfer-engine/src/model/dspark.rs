@@ -90,11 +90,18 @@ impl<B: Backend> Model<B> {
             .ok_or_else(|| ModelError::Input("no draft".into()))
     }
 
-    /// [`Model::draft_batch`] keeping only what a runtime reads: draft ids, confidences
-    /// and head hiddens (`base_logits`, `logits` and `draft_probs` come back empty, and the
-    /// full-vocabulary softmax of every row is not computed).
-    pub fn draft_ids_batch(&self, items: &[(&SeqState<B::Tensor>, u32)]) -> R<Vec<Draft>> {
-        self.draft_rows(items, false)
+    /// [`Model::draft_batch`] keeping only what a runtime reads, for the first `depth` rows
+    /// of each block: draft ids, confidences and head hiddens (`base_logits`, `logits` and
+    /// `draft_probs` come back empty). The block still runs whole through the stages (its
+    /// rows attend each other), but only `depth` rows pay the vocabulary projection and the
+    /// Markov correction, which dominate the drafter's cost on a small model with a large
+    /// vocabulary. Each kept row is the same computation as in [`Model::draft_batch`].
+    pub fn draft_ids_batch(
+        &self,
+        items: &[(&SeqState<B::Tensor>, u32)],
+        depth: usize,
+    ) -> R<Vec<Draft>> {
+        self.draft_rows(items, false, depth)
     }
 
     /// Draft one block for each `(state, anchor)` in one drafter pass: the blocks' rows are
@@ -102,10 +109,15 @@ impl<B: Backend> Model<B> {
     /// position by position over all sequences at once. Row for row the same computation as
     /// [`Model::draft`], so with batch-invariant kernels the drafts are identical.
     pub fn draft_batch(&self, items: &[(&SeqState<B::Tensor>, u32)]) -> R<Vec<Draft>> {
-        self.draft_rows(items, true)
+        self.draft_rows(items, true, usize::MAX)
     }
 
-    fn draft_rows(&self, items: &[(&SeqState<B::Tensor>, u32)], full: bool) -> R<Vec<Draft>> {
+    fn draft_rows(
+        &self,
+        items: &[(&SeqState<B::Tensor>, u32)],
+        full: bool,
+        depth: usize,
+    ) -> R<Vec<Draft>> {
         super::sync::check_host_read("Model::draft (draft ids to the host)")?;
         let c = &self.cfg;
         let be = &self.be;
@@ -217,6 +229,17 @@ impl<B: Backend> Model<B> {
             pre = mf.pre;
         }
         let hid = be.hc_collapse(&x, &pre)?;
+        // Only the leading `depth` rows of each block go on: `kept` rows from here.
+        let depth = depth.clamp(1, bsz);
+        let hid = if depth < bsz {
+            let keep: Vec<i64> = (0..n)
+                .flat_map(|s| (0..depth).map(move |i| (s * bsz + i) as i64))
+                .collect();
+            be.gather_rows(&hid, &be.upload_i64(&keep, &[n * depth])?)?
+        } else {
+            hid
+        };
+        let (bsz, rows) = (depth, n * depth);
         let base = be.matmul(&be.rms_norm(&hid, Some(&dw.norm), eps)?, &self.w.head)?;
         let mut logits = be.download_f32(&base)?;
         let base_host = if full { logits.clone() } else { Vec::new() };

@@ -2,7 +2,7 @@
 //! token, step time and tokens per decode row, as a table, JSON and an SVG chart of total
 //! throughput against per-user speed.
 
-use super::engine::{Engine, EngineError};
+use super::engine::{DRAFT_POSITIONS, Engine, EngineError};
 use super::request::{GenParams, Request};
 use deepinfer_kernels::Backend;
 use serde_json::{Value, json};
@@ -39,6 +39,45 @@ pub struct BenchPoint {
     pub acceptance: f64,
     /// Drafts per row that verified drafts (0 without speculation).
     pub drafts_per_row: f64,
+    /// For each draft position `i`: of the rows that verified a draft there, the share that
+    /// kept drafts `0..=i` (0 where no row verified one).
+    pub accepted_at: [f64; DRAFT_POSITIONS],
+    /// Accepted drafts per row that verified drafts (0 without speculation).
+    pub accepted_per_row: f64,
+    /// Draft positions at least one row verified (the meaningful prefix of `accepted_at`).
+    pub verified_positions: usize,
+}
+
+/// Where the benchmark's prompts come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BenchPrompts {
+    /// Pseudo-random token ids (no language: a trained drafter cannot guess them).
+    Random,
+    /// Windows of this token stream (a tokenised text), a different offset per request.
+    Text(Vec<u32>),
+}
+
+impl BenchPrompts {
+    /// The prompt of request `i` at level `level`.
+    fn prompt(&self, level: usize, i: u64, len: usize, vocab: u64) -> Vec<u32> {
+        let mut x = (level as u64 * 1_000_003 + i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        match self {
+            Self::Random => (0..len)
+                .map(|_| (next() % (vocab.min(100_000) - 10)) as u32 + 10)
+                .collect(),
+            Self::Text(ids) => {
+                let room = ids.len().saturating_sub(len).max(1) as u64;
+                let at = (next() % room) as usize;
+                ids[at..(at + len).min(ids.len())].to_vec()
+            }
+        }
+    }
 }
 
 impl BenchPoint {
@@ -57,10 +96,11 @@ impl BenchPoint {
     }
 }
 
-/// Run `concurrency` greedy requests of `prompt_len` random prompt tokens and `new_tokens`
-/// new tokens each, for every level. Prompts differ per request and level (no prefix hits).
+/// Run `concurrency` greedy requests of `prompt_len` prompt tokens and `new_tokens` new
+/// tokens each, for every level. Prompts differ per request and level.
 pub fn run_bench<B: Backend>(
     engine: &mut Engine<B>,
+    prompts: &BenchPrompts,
     levels: &[usize],
     prompt_len: usize,
     new_tokens: usize,
@@ -74,15 +114,7 @@ where
     for (li, &c) in levels.iter().enumerate() {
         let reqs: Vec<Request> = (0..c as u64)
             .map(|i| {
-                let mut x = (li as u64 * 1_000_003 + i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                let prompt = (0..prompt_len)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        (x % (vocab.min(100_000) - 10)) as u32 + 10
-                    })
-                    .collect();
+                let prompt = prompts.prompt(li, i, prompt_len, vocab);
                 let mut p = GenParams::greedy(new_tokens);
                 p.stop_at_eos = false;
                 Request::new(i, prompt, p)
@@ -137,6 +169,19 @@ where
                 m1.draft_tokens - m0.draft_tokens,
                 m1.spec_rows - m0.spec_rows,
             ),
+            accepted_at: std::array::from_fn(|i| {
+                ratio(
+                    m1.drafts_accepted_at[i] - m0.drafts_accepted_at[i],
+                    m1.drafts_offered_at[i] - m0.drafts_offered_at[i],
+                )
+            }),
+            verified_positions: (0..DRAFT_POSITIONS)
+                .take_while(|&i| m1.drafts_offered_at[i] > m0.drafts_offered_at[i])
+                .count(),
+            accepted_per_row: ratio(
+                m1.accepted_drafts - m0.accepted_drafts,
+                m1.spec_rows - m0.spec_rows,
+            ),
         };
         on_level(&p);
         points.push(p);
@@ -159,12 +204,19 @@ pub fn bench_json(points: &[BenchPoint], setup: &Value) -> Value {
             "host_frac": p.host_frac, "hidden_frac": p.hidden_frac, "exposed_frac": p.exposed_frac,
             "sample_frac": p.sample_frac, "acceptance": p.acceptance,
             "drafts_per_row": p.drafts_per_row,
+            "accepted_per_row": p.accepted_per_row,
+            "accepted_at": positions(p),
             "claimed_tokens_per_row": {
                 "independent": p.claimed_tokens_per_row().0,
                 "prefix": p.claimed_tokens_per_row().1,
             },
         })).collect::<Vec<_>>(),
     })
+}
+
+/// The per-position acceptance up to the deepest position any row verified.
+fn positions(p: &BenchPoint) -> &[f64] {
+    &p.accepted_at[..p.verified_positions.min(DRAFT_POSITIONS)]
 }
 
 /// A text table.
@@ -203,24 +255,34 @@ pub fn bench_table(points: &[BenchPoint]) -> String {
             "concurrency {}: measured {:.2} tokens per decode row; acceptance {:.3} over {:.2} drafts would claim 1 + n·a = {:.2} or 1 + a + … + aⁿ = {:.2}\n",
             p.concurrency, p.tokens_per_row, p.acceptance, p.drafts_per_row, linear, geometric
         ));
+        let at: Vec<String> = positions(p).iter().map(|a| format!("{a:.3}")).collect();
+        s.push_str(&format!(
+            "concurrency {}: {:.2} drafts accepted per verifying row; kept through position 1, 2, …: {}\n",
+            p.concurrency,
+            p.accepted_per_row,
+            at.join(", ")
+        ));
     }
     s
 }
 
-/// SVG chart: total throughput (y) against per-user speed (x), one labelled point per level,
-/// with the tokens-per-step figure used (measured) written on it.
-pub fn bench_svg(points: &[BenchPoint], title: &str) -> String {
-    let (w, h, m) = (640.0, 420.0, 60.0);
-    let xmax = points.iter().map(|p| p.per_user_tok_s).fold(1e-9, f64::max) * 1.1;
-    let ymax = points.iter().map(|p| p.total_tok_s).fold(1e-9, f64::max) * 1.1;
+/// SVG chart: total throughput (y) against per-user speed (x), one line per series (e.g. no
+/// drafts, fixed 1-5 drafts, budgeted) and one labelled point per concurrency level, each
+/// series' legend entry giving its measured tokens per decode row.
+pub fn bench_svg(series: &[(String, Vec<BenchPoint>)], title: &str) -> String {
+    const COLOURS: [&str; 8] = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    ];
+    let (w, h, m) = (720.0, 460.0, 60.0);
+    let all = || series.iter().flat_map(|(_, p)| p.iter());
+    let xmax = all().map(|p| p.per_user_tok_s).fold(1e-9, f64::max) * 1.1;
+    let ymax = all().map(|p| p.total_tok_s).fold(1e-9, f64::max) * 1.1;
     let x = |v: f64| m + v / xmax * (w - 2.0 * m);
     let y = |v: f64| h - m - v / ymax * (h - 2.0 * m);
-    let tpr = points.iter().map(|p| p.tokens_per_row).sum::<f64>() / points.len().max(1) as f64;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
          <text x=\"{m}\" y=\"24\" font-size=\"14\">{}</text>\n\
-         <text x=\"{m}\" y=\"42\">tokens per decode row: {tpr:.2} (measured, not assumed)</text>\n\
          <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
          <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n\
          <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">per-user tokens/s</text>\n\
@@ -235,23 +297,35 @@ pub fn bench_svg(points: &[BenchPoint], title: &str) -> String {
         h / 2.0,
         h / 2.0
     );
-    let pts: Vec<String> = points
-        .iter()
-        .map(|p| format!("{:.1},{:.1}", x(p.per_user_tok_s), y(p.total_tok_s)))
-        .collect();
-    s.push_str(&format!(
-        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n",
-        pts.join(" ")
-    ));
-    for p in points {
-        let (px, py) = (x(p.per_user_tok_s), y(p.total_tok_s));
+    for (k, (label, points)) in series.iter().enumerate() {
+        let colour = COLOURS[k % COLOURS.len()];
+        let tpr = points.iter().map(|p| p.tokens_per_row).sum::<f64>() / points.len().max(1) as f64;
         s.push_str(&format!(
-            "<circle cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"4\" fill=\"#1f77b4\"/><text x=\"{:.1}\" y=\"{:.1}\">{} users: {:.0} tok/s</text>\n",
-            px + 6.0,
-            py - 6.0,
-            p.concurrency,
-            p.total_tok_s
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}: {tpr:.2} tokens per decode row (measured)</text>\n",
+            w - m - 250.0,
+            m + 14.0 * k as f64 - 10.0,
+            w - m - 235.0,
+            m + 14.0 * k as f64,
+            xml_escape(label)
         ));
+        let pts: Vec<String> = points
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.per_user_tok_s), y(p.total_tok_s)))
+            .collect();
+        s.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            pts.join(" ")
+        ));
+        for p in points {
+            let (px, py) = (x(p.per_user_tok_s), y(p.total_tok_s));
+            s.push_str(&format!(
+                "<circle cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"4\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.1}\">{} users: {:.0} tok/s</text>\n",
+                px + 6.0,
+                py - 6.0,
+                p.concurrency,
+                p.total_tok_s
+            ));
+        }
     }
     s.push_str(&format!(
         "<text x=\"{m}\" y=\"{}\">0</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{xmax:.0}</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{ymax:.0}</text>\n</svg>\n",
@@ -289,6 +363,9 @@ mod tests {
             sample_frac: 0.1,
             acceptance: 0.0,
             drafts_per_row: 0.0,
+            accepted_at: [0.0; DRAFT_POSITIONS],
+            accepted_per_row: 0.0,
+            verified_positions: 0,
         });
         let t = bench_table(&pts);
         assert_eq!(t.lines().count(), 3);
@@ -297,15 +374,29 @@ mod tests {
             acceptance: 0.5,
             drafts_per_row: 3.0,
             tokens_per_row: 1.6,
+            accepted_at: [0.5, 0.25, 0.125, 0.0, 0.0, 0.0, 0.0, 0.0],
+            accepted_per_row: 0.875,
+            verified_positions: 3,
             ..pts[0]
         };
         let (linear, prefix) = spec.claimed_tokens_per_row();
         assert!((linear - 2.5).abs() < 1e-12 && (prefix - 1.875).abs() < 1e-12);
         let t = bench_table(&[spec]);
         assert!(t.contains("1 + n·a = 2.50") && t.contains("= 1.88"), "{t}");
-        let svg = bench_svg(&pts, "a < b");
+        assert!(t.contains("position 1, 2, …: 0.500, 0.250, 0.125\n"), "{t}");
+        let series = [
+            ("no drafts".to_string(), pts.to_vec()),
+            ("fixed 3".to_string(), vec![spec]),
+        ];
+        let svg = bench_svg(&series, "a < b");
         assert!(svg.contains("4 users: 40 tok/s") && svg.contains("a &lt; b"));
-        assert!(svg.contains("tokens per decode row: 1.00"));
+        assert!(svg.contains("no drafts: 1.00 tokens per decode row"));
+        assert!(svg.contains("fixed 3: 1.60 tokens per decode row"));
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert_eq!(
+            bench_json(&[spec], &json!({}))["points"][0]["accepted_at"],
+            json!([0.5, 0.25, 0.125])
+        );
         assert_eq!(
             bench_json(&pts, &json!({}))["points"]
                 .as_array()

@@ -313,6 +313,7 @@ impl ChatFrontend {
                 logprobs: s.logprobs,
                 n: s.n.max(1) as usize,
                 cache_class: traffic_class(body)?,
+                stop_at_eos: !ignore_eos(body)?,
                 ..GenParams::default()
             },
             parsing: Some(conv.parsing.clone()),
@@ -392,6 +393,17 @@ impl ChatFrontend {
 /// The traffic class a request's prefix states are kept under in the persistent cache:
 /// `metadata.traffic_class` (`"chat"` or `"agent"`) when given, else agent for a request that
 /// declares tools and chat otherwise.
+/// `ignore_eos` (vLLM's extension): generate `max_tokens` even past an end of sentence.
+fn ignore_eos(body: &Value) -> Result<bool, ChatError> {
+    match body.get("ignore_eos") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ChatError::Request(RequestError::Malformed(format!(
+            "ignore_eos must be a boolean, not {v}"
+        )))),
+    }
+}
+
 fn traffic_class(body: &Value) -> Result<deepinfer_kv::TrafficClass, ChatError> {
     use deepinfer_kv::TrafficClass;
     match body.pointer("/metadata/traffic_class") {

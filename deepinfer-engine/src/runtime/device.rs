@@ -19,7 +19,7 @@ use deepinfer_sample::{SampleRequest, VerifyMode, VerifyRequest, sample_batch, v
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::engine::EngineError;
+use super::engine::{DRAFT_POSITIONS, EngineError};
 
 /// One generated token with its log-probability and top alternatives.
 pub(crate) type Tok = (u32, f32, Vec<(u32, f32)>);
@@ -100,6 +100,8 @@ pub(crate) struct JobCfg {
     pub snapshot_block: Option<usize>,
     /// Most drafts per row (budgeted drafting ahead).
     pub spec_drafts: usize,
+    /// Temperatures for the drafter's confidences before planning.
+    pub draft_calibration: Option<Arc<deepinfer_spec::TemperatureScaling>>,
     /// In-process expert-parallel ranks of each forward (1: none).
     pub expert_parallel: usize,
     /// Where the routed experts are, with expert parallelism (set per job).
@@ -118,6 +120,8 @@ pub(crate) struct DevStats {
     pub draft_tokens: u64,
     pub accepted_drafts: u64,
     pub spec_rows: u64,
+    pub drafts_offered_at: [u64; DRAFT_POSITIONS],
+    pub drafts_accepted_at: [u64; DRAFT_POSITIONS],
 }
 
 /// One request's results.
@@ -237,7 +241,8 @@ where
             .iter()
             .filter_map(|&i| Some((seqs[i].dev.state.as_ref()?, seqs[i].dev.rows[0])))
             .collect();
-        for (&i, d) in fresh.iter().zip(model.draft_ids_batch(&items)?) {
+        let depth = fresh.iter().map(|&i| seqs[i].drafts).max().unwrap_or(1);
+        for (&i, d) in fresh.iter().zip(model.draft_ids_batch(&items, depth)?) {
             let k = seqs[i].drafts.min(d.draft_ids.len());
             drafts[i] = Some(d.draft_ids[..k].to_vec());
         }
@@ -341,6 +346,10 @@ where
         let vo = vo?;
         let (s, x) = (&mut seqs[i], &mut sc[i]);
         st.accepted_drafts += vo.accepted as u64;
+        for p in 0..x.drafts.min(DRAFT_POSITIONS) {
+            st.drafts_offered_at[p] += 1;
+            st.drafts_accepted_at[p] += u64::from(p < vo.accepted);
+        }
         if vo.accepted < x.drafts {
             // Back to the pre-draft state; the accepted prefix is re-run below.
             s.dev.state = x.snap.take();
@@ -572,7 +581,7 @@ fn draft_ahead<B: Backend>(
     if items.len() != ahead.len() {
         return;
     }
-    let Ok(drafts) = model.draft_ids_batch(&items) else {
+    let Ok(drafts) = model.draft_ids_batch(&items, cfg.spec_drafts) else {
         return;
     };
     for (&(k, anchor), d) in ahead.iter().zip(drafts) {
@@ -591,6 +600,9 @@ fn draft_ahead<B: Backend>(
                 }
             })
             .collect();
+        if let Some(t) = &cfg.draft_calibration {
+            t.apply(&mut o.confs);
+        }
         o.dev.next_draft = Some(NextDraft {
             pos,
             anchor,

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod chat;
 pub mod default_model;
 mod device;
+pub mod draft_calibration;
 pub mod engine;
 mod eplb;
 pub mod expert_load;
@@ -17,10 +18,10 @@ pub mod request;
 
 pub use batch::{BatchSummary, SAMPLE_BATCH, run_batch};
 pub use chat::{ChatError, ChatFrontend, PreparedChat};
-pub use default_model::{DEFAULT_SEED, default_model_dir, load_default, materialize_default};
+pub use default_model::{default_model_dir, load_default, materialize_default};
 pub use engine::{
-    Engine, EngineConfig, EngineError, KvCacheMemory, KvPool, Metrics, STEP_HISTORY, SpecBudget,
-    StepTimes, StreamEvent, available_host_memory, default_block_size,
+    DRAFT_POSITIONS, Engine, EngineConfig, EngineError, KvCacheMemory, KvPool, Metrics,
+    STEP_HISTORY, SpecBudget, StepTimes, StreamEvent, available_host_memory, default_block_size,
 };
 pub use expert_load::{EplbReport, eplb_report};
 pub use online::{EventSink, OnlineEngine, OnlineStats, SubmitError};

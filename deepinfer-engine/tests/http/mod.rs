@@ -5,7 +5,7 @@
 
 use deepinfer_engine::Model;
 use deepinfer_engine::runtime::{
-    ChatFrontend, DEFAULT_SEED, Engine, EngineConfig, OnlineEngine, materialize_default,
+    ChatFrontend, Engine, EngineConfig, OnlineEngine, materialize_default,
 };
 use deepinfer_engine::server::{AppState, ServerConfig, serve};
 use deepinfer_kernels::CpuBackend;
@@ -22,7 +22,7 @@ pub fn model_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("server-model");
-        materialize_default(&dir, DEFAULT_SEED).expect("default model created")
+        materialize_default(&dir).expect("default model created")
     })
     .clone()
 }

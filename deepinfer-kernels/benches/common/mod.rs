@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use deepinfer_kernels::{Backend, CpuBackend, CpuTensor};
-use rayon::prelude::*;
 
 /// Deterministic values in [-0.5, 0.5) (xorshift32).
 pub fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -20,22 +19,9 @@ pub fn data(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-/// A plain streaming read: the wrapping sum of every 32-bit word, in parallel pieces of
-/// `piece` words (the bandwidth baseline).
-pub fn stream_read(words: &[u32], piece: usize) -> u32 {
-    words
-        .par_chunks(piece.max(1))
-        .map(|c| {
-            let mut acc = [0u32; 16];
-            for ch in c.chunks_exact(16) {
-                for l in 0..16 {
-                    acc[l] = acc[l].wrapping_add(ch[l]);
-                }
-            }
-            acc.iter().fold(0u32, |a, &b| a.wrapping_add(b))
-        })
-        .reduce(|| 0, |a, b| a.wrapping_add(b))
-}
+// The bandwidth baseline; benches that do not use it compile this module too.
+#[allow(unused_imports)]
+pub use deepinfer_kernels::bandwidth::stream_read;
 
 /// `bytes` of words for [`stream_read`].
 pub fn stream_words(bytes: usize) -> Vec<u32> {

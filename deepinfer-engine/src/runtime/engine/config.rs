@@ -47,6 +47,10 @@ pub struct EngineConfig {
     pub spec_drafts: usize,
     /// Fixed drafts per row, or a per-step budget from the `deepinfer-spec` planner.
     pub spec_budget: SpecBudget,
+    /// Per-position temperatures applied to the drafter's confidences before the budgeted
+    /// planner reads them (see `runtime::draft_calibration`); `None`: as the drafter gives
+    /// them. The CLI reads a model directory's `dspark_calibration.json`.
+    pub draft_calibration: Option<deepinfer_spec::TemperatureScaling>,
     /// Overlapped scheduling: step N's device work runs on a worker thread while this
     /// thread parses step N−1's tokens and plans step N+1 (see the module docs). Outputs
     /// are the same either way; off runs every step in order. The device loop runs on a
@@ -116,6 +120,7 @@ impl Default for EngineConfig {
             kv_cache_dir_size: 8 << 30,
             spec_drafts: 0,
             spec_budget: SpecBudget::Fixed,
+            draft_calibration: None,
             overlap: true,
             sync_check: false,
             global_cache_blocks: None,

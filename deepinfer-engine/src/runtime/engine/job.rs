@@ -142,5 +142,9 @@ where
         m.draft_tokens += s.draft_tokens;
         m.accepted_drafts += s.accepted_drafts;
         m.spec_rows += s.spec_rows;
+        for p in 0..DRAFT_POSITIONS {
+            m.drafts_offered_at[p] += s.drafts_offered_at[p];
+            m.drafts_accepted_at[p] += s.drafts_accepted_at[p];
+        }
     }
 }

@@ -1,5 +1,9 @@
 //! Counters and step-time figures over an engine's life.
 
+/// Draft positions counted one by one in [`Metrics::drafts_offered_at`] (deeper drafts count
+/// in the totals only).
+pub const DRAFT_POSITIONS: usize = 8;
+
 /// How many recent step times [`Engine::step_times`] summarises.
 pub const STEP_HISTORY: usize = 65_536;
 
@@ -74,6 +78,10 @@ pub struct Metrics {
     pub accepted_drafts: u64,
     /// Decode rows that verified drafts.
     pub spec_rows: u64,
+    /// Rows that verified a draft at position `i` (zero-based), for each `i`.
+    pub drafts_offered_at: [u64; DRAFT_POSITIONS],
+    /// Rows whose verification kept drafts `0..=i` (every draft up to position `i`).
+    pub drafts_accepted_at: [u64; DRAFT_POSITIONS],
     /// Decode rows, with or without drafts (the denominator of tokens per decode row).
     pub decode_rows: u64,
     /// Time in the model's forward, ms.

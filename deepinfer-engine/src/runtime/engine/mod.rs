@@ -83,7 +83,7 @@ use events::Offline;
 pub use events::StreamEvent;
 pub(crate) use events::{Command, Driver};
 use live::{Live, finish_all, parse_tokens, plain_parsing};
-pub use metrics::{Metrics, STEP_HISTORY, StepTimes};
+pub use metrics::{DRAFT_POSITIONS, Metrics, STEP_HISTORY, StepTimes};
 pub use pool::{KvCacheMemory, KvPool, available_host_memory, default_block_size};
 
 /// Anything that stops a `generate` call.
@@ -133,6 +133,8 @@ pub struct Engine<B: Backend> {
     pool: pool::KvPool,
     /// Where the routed experts are, with expert parallelism.
     placement: Option<Arc<crate::model::ExpertPlacement>>,
+    /// `cfg.draft_calibration`, shared with every step's job.
+    draft_calibration: Option<Arc<deepinfer_spec::TemperatureScaling>>,
     /// EPLB's state, when it re-places the experts.
     balancer: Option<super::eplb::Balancer>,
     /// Requests planned for the first time by the step being built.
@@ -239,6 +241,7 @@ where
             step_times: Vec::new(),
             kv_peak: 0,
             placement,
+            draft_calibration: cfg.draft_calibration.clone().map(Arc::new),
             balancer,
             first_scheduled: Vec::new(),
             next_sid: 0,
@@ -576,6 +579,7 @@ where
             eos: self.model.cfg.eos_token_id.map(|e| e as u32),
             snapshot_block: self.cfg.prefix_caching.then_some(self.cfg.block_size),
             spec_drafts: self.cfg.spec_drafts,
+            draft_calibration: self.draft_calibration.clone(),
             expert_parallel: self.cfg.expert_parallel,
             placement: None,
         }
