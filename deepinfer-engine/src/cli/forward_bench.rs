@@ -7,7 +7,8 @@
 use super::CliResult;
 use super::backend::{self, BackendArg};
 use crate::model::{
-    BatchItem, LoadOptions, Logits, MatmulWeights, Model, RandomDtype, write_random_checkpoint,
+    BatchItem, LoadOptions, Logits, MatmulWeights, Model, RandomDtype, argmax,
+    write_random_checkpoint,
 };
 use clap::Args;
 use deepinfer_kernels::{Backend, CpuBackend, CpuConfig};
@@ -81,16 +82,6 @@ pub fn prompt_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 /// Run `deepinfer forward-bench`.
 pub fn run(a: &ForwardBenchArgs) -> CliResult {
     if a.prompt_len == 0 {
@@ -143,7 +134,7 @@ fn measure_on<B: Backend>(a: &ForwardBenchArgs, be: B) -> CliResult {
             None,
         )?;
         times.push(t.elapsed().as_secs_f64());
-        next = argmax(&logits[0]);
+        next = argmax(&logits[0]) as u32;
     }
     let prefill_profile = crate::model::profile_report();
     times.sort_by(f64::total_cmp);
@@ -159,7 +150,7 @@ fn measure_on<B: Backend>(a: &ForwardBenchArgs, be: B) -> CliResult {
             Logits::Last,
             None,
         )?;
-        next = argmax(&logits[0]);
+        next = argmax(&logits[0]) as u32;
     }
     let dec_s = t.elapsed().as_secs_f64();
     let decode_profile = crate::model::profile_report();

@@ -312,6 +312,23 @@ impl<B: Backend> Model<B> {
     }
 }
 
+impl Draft {
+    /// The first `n` confidences as the planner reads them: probabilities in `[0, 1]`, a
+    /// non-finite value (a diverged drafter) read as 0.
+    pub fn planner_confidences(&self, n: usize) -> Vec<f64> {
+        self.confidence[..n.min(self.confidence.len())]
+            .iter()
+            .map(|&c| {
+                if c.is_finite() {
+                    f64::from(c).clamp(0.0, 1.0)
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+}
+
 /// Index of the largest value (lowest index on ties).
 pub fn argmax(v: &[f32]) -> usize {
     let mut best = 0;

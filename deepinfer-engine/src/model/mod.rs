@@ -13,7 +13,7 @@ mod state_codec;
 pub mod sync;
 mod weights;
 
-pub use dspark::Draft;
+pub use dspark::{Draft, argmax};
 pub use expert_parallel::{ExpertParallel, ExpertPlacement, contiguous_owners};
 pub use footprint::DecodeBytes;
 pub use forward::{BatchItem, Logits, Trace};

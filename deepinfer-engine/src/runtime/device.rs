@@ -590,16 +590,7 @@ fn draft_ahead<B: Backend>(
         let Some(pos) = o.dev.state.as_ref().map(|st| st.pos) else {
             continue;
         };
-        o.confs = d.confidence[..n]
-            .iter()
-            .map(|&c| {
-                if c.is_finite() {
-                    f64::from(c).clamp(0.0, 1.0)
-                } else {
-                    0.0
-                }
-            })
-            .collect();
+        o.confs = d.planner_confidences(n);
         if let Some(t) = &cfg.draft_calibration {
             t.apply(&mut o.confs);
         }

@@ -9,6 +9,7 @@
 //! confidence by them before planning.
 
 use super::engine::EngineError;
+use crate::model::argmax;
 use crate::{BatchItem, Logits, Model};
 use deepinfer_kernels::Backend;
 use deepinfer_spec::{Outcome, TemperatureScaling};
@@ -67,16 +68,7 @@ where
             None,
         )?;
         let d = model.draft(&st, ids[p])?;
-        let confidences: Vec<f64> = d.confidence[..depth]
-            .iter()
-            .map(|&c| {
-                if c.is_finite() {
-                    f64::from(c).clamp(0.0, 1.0)
-                } else {
-                    0.0
-                }
-            })
-            .collect();
+        let confidences = d.planner_confidences(depth);
         // The target's greedy tokens after the anchor, as long as they match the drafts.
         let mut accepted = 0;
         let mut next = ids[p];
@@ -91,7 +83,7 @@ where
                     None,
                 )?
                 .remove(0);
-            let t = argmax(&logits);
+            let t = argmax(&logits) as u32;
             if t != d.draft_ids[accepted] {
                 break;
             }
@@ -101,17 +93,6 @@ where
         out.push(Outcome::new(confidences, accepted));
     }
     Ok(out)
-}
-
-/// The first index of the largest value.
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Reads a model directory's [`CALIBRATION_FILE`], if it has one.
