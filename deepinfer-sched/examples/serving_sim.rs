@@ -47,6 +47,7 @@ const TRUE: CostCoefficients = CostCoefficients {
     a: 1e-6,
     b: 2e-5,
     d: 10.0,
+    e: 0.02,
 };
 
 #[derive(Default, Clone)]
@@ -92,6 +93,7 @@ fn simulate(rate: f64, seconds: f64, budget: Option<f64>, seed: u64) -> Report {
         a: 5e-6,
         b: 1e-3,
         d: 1.0,
+        e: 0.0,
     };
     let model = PrefillCostModel::new(guess, CoefficientBounds::default(), 0.98).unwrap();
     let mut s = Scheduler::new(cfg, BlockManager::new(kv).unwrap())
@@ -147,10 +149,14 @@ fn simulate(rate: f64, seconds: f64, budget: Option<f64>, seed: u64) -> Report {
         // True step time with 3% noise.
         let mut ms = TRUE.d;
         for c in &plan.prefill {
-            ms += TRUE.chunk(c.len, c.start);
+            ms += if c.samples {
+                TRUE.sampling_chunk(c.len, c.start)
+            } else {
+                TRUE.chunk(c.len, c.start)
+            };
         }
         for d in &plan.decode {
-            ms += TRUE.chunk(1 + d.drafts, d.position);
+            ms += TRUE.chunk(1 + d.drafts, d.position) + TRUE.e * (1 + d.drafts) as f64;
         }
         ms *= 1.0 + 0.03 * rng.normal();
         if !plan.decode.is_empty() && plan.prefill.iter().any(|c| c.request == long_id) {
@@ -221,11 +227,12 @@ fn main() {
         "Poisson arrivals {rate}/s for {seconds} s, prompts log-normal (median 1500), outputs log-normal (median 200),"
     );
     println!(
-        "plus one 100,000-token prompt at t = {:.0} s. Synthetic step time: a={:e} b={:e} d={} ms.",
+        "plus one 100,000-token prompt at t = {:.0} s. Synthetic step time: a={:e} b={:e} d={} e={} ms.",
         seconds / 3.0,
         TRUE.a,
         TRUE.b,
-        TRUE.d
+        TRUE.d,
+        TRUE.e
     );
     println!();
     println!(
@@ -263,8 +270,8 @@ fn main() {
         );
         {
             println!(
-                "  online fit after the run: a={:.3e} b={:.3e} d={:.2} (true a={:e} b={:e} d={})",
-                r.fitted.a, r.fitted.b, r.fitted.d, TRUE.a, TRUE.b, TRUE.d
+                "  online fit after the run: a={:.3e} b={:.3e} d={:.2} e={:.3} (true a={:e} b={:e} d={} e={})",
+                r.fitted.a, r.fitted.b, r.fitted.d, r.fitted.e, TRUE.a, TRUE.b, TRUE.d, TRUE.e
             );
         }
     }

@@ -1,8 +1,10 @@
-//! The cost-model fit recovers known coefficients from noisy step times.
+//! The cost-model fit recovers known coefficients from noisy step times, and
+//! exactly (output-row term included) from noiseless ones.
 
 use deepinfer_sched::{
     CoefficientBounds, CostCoefficients, PrefillCostModel, StepFeatures, StepSample,
 };
+use proptest::prelude::*;
 
 /// SplitMix64: a tiny deterministic generator so the test needs no RNG crate.
 struct Rng(u64);
@@ -32,16 +34,19 @@ const TRUE: CostCoefficients = CostCoefficients {
     a: 1.5e-6,
     b: 2.0e-3,
     d: 5.0,
+    e: 1.0,
 };
 
-/// A step of a few chunks and decode rows, its true time plus 2% multiplicative noise.
+/// A step of a few chunks (some of which sample) and decode rows, its true
+/// time plus 2% multiplicative noise.
 fn sample(rng: &mut Rng, truth: &CostCoefficients) -> StepSample {
     let mut f = StepFeatures::default();
     for _ in 0..1 + rng.below(3) {
         f.add(1 + rng.below(4096) as usize, rng.below(32_768) as usize);
+        f.add_outputs(rng.below(2) as usize);
     }
     for _ in 0..rng.below(64) {
-        f.add(1, rng.below(16_384) as usize);
+        f.add_decode(rng.below(4096) as usize, 0);
     }
     let t = truth.step(&f);
     StepSample {
@@ -62,6 +67,7 @@ fn batch_fit_recovers_coefficients() {
     assert!(rel(c.a, TRUE.a) < 0.03, "a {} vs {}", c.a, TRUE.a);
     assert!(rel(c.b, TRUE.b) < 0.05, "b {} vs {}", c.b, TRUE.b);
     assert!(rel(c.d, TRUE.d) < 0.10, "d {} vs {}", c.d, TRUE.d);
+    assert!(rel(c.e, TRUE.e) < 0.10, "e {} vs {}", c.e, TRUE.e);
 }
 
 #[test]
@@ -71,11 +77,13 @@ fn online_fit_tracks_a_drift_and_stays_clamped() {
         a: (0.0, 1e-3),
         b: (0.0, 1.0),
         d: (1.0, 50.0),
+        e: (0.0, 10.0),
     };
     let start = CostCoefficients {
         a: 1e-5,
         b: 1e-2,
         d: 1.0,
+        e: 0.0,
     };
     let mut m = PrefillCostModel::new(start, bounds, 0.99).unwrap();
     for _ in 0..1500 {
@@ -84,11 +92,13 @@ fn online_fit_tracks_a_drift_and_stays_clamped() {
     let c = m.coefficients();
     assert!(rel(c.a, TRUE.a) < 0.05, "a {} vs {}", c.a, TRUE.a);
     assert!(rel(c.b, TRUE.b) < 0.10, "b {} vs {}", c.b, TRUE.b);
+    assert!(rel(c.e, TRUE.e) < 0.15, "e {} vs {}", c.e, TRUE.e);
     // The hardware gets slower: the forgetting factor lets the fit follow.
     let slow = CostCoefficients {
         a: TRUE.a * 2.0,
         b: TRUE.b * 2.0,
         d: TRUE.d,
+        e: TRUE.e * 2.0,
     };
     for _ in 0..1500 {
         m.observe(sample(&mut rng, &slow)).unwrap();
@@ -102,7 +112,10 @@ fn online_fit_tracks_a_drift_and_stays_clamped() {
         m.observe(s).unwrap();
     }
     let c = m.coefficients();
-    assert!(c.a >= 0.0 && c.b >= 0.0 && c.d >= 1.0, "{c:?}");
+    assert!(
+        c.a >= 0.0 && c.b >= 0.0 && c.d >= 1.0 && c.e >= 0.0,
+        "{c:?}"
+    );
 }
 
 #[test]
@@ -118,4 +131,76 @@ fn fitted_model_solves_the_time_budget() {
         rel(q_fit as f64, q_true as f64) < 0.05,
         "{q_fit} vs {q_true}"
     );
+}
+
+/// The calibration's design: sampling chunks of several lengths (one after a
+/// cached prefix), and decode steps of several batch sizes.
+fn calibration_design() -> Vec<StepFeatures> {
+    let mut fs: Vec<StepFeatures> = [
+        (1, 0),
+        (256, 0),
+        (1024, 0),
+        (2048, 0),
+        (512, 1024),
+        (1, 2048),
+    ]
+    .iter()
+    .map(|&(q, c)| StepFeatures::of_sampling_chunk(q, c))
+    .collect();
+    for rows in [1, 8, 32] {
+        fs.push(StepFeatures::of_decode(rows, 16));
+    }
+    fs
+}
+
+proptest! {
+    /// Noiseless samples of the calibration's design give back the true
+    /// coefficients, the output-row term included.
+    #[test]
+    fn fit_recovers_noiseless_coefficients(
+        a in 1e-9f64..1e-4,
+        b in 1e-6f64..1e-1,
+        d in 0.0f64..50.0,
+        e in 0.0f64..5.0,
+    ) {
+        let truth = CostCoefficients { a, b, d, e };
+        let samples: Vec<StepSample> = calibration_design()
+            .into_iter()
+            .map(|f| StepSample { features: f, time: truth.step(&f) })
+            .collect();
+        let c = PrefillCostModel::fit(&samples, CoefficientBounds::default()).unwrap();
+        // Every term's share of the slowest sample is recovered to 1e-6 of it.
+        let scale = samples.iter().map(|s| s.time).fold(0.0, f64::max);
+        let big = samples.iter().map(|s| s.features).fold(StepFeatures::default(), |m, f| {
+            StepFeatures { quad: m.quad.max(f.quad), lin: m.lin.max(f.lin), out_rows: m.out_rows.max(f.out_rows) }
+        });
+        prop_assert!((c.a - a).abs() * big.quad <= 1e-6 * scale, "a {} vs {a}", c.a);
+        prop_assert!((c.b - b).abs() * big.lin <= 1e-6 * scale, "b {} vs {b}", c.b);
+        prop_assert!((c.e - e).abs() * big.out_rows <= 1e-6 * scale, "e {} vs {e}", c.e);
+        prop_assert!((c.d - d).abs() <= 1e-6 * scale, "d {} vs {d}", c.d);
+    }
+
+    /// The chunk `max_chunk_of` picks fits the budget with its sampling row
+    /// charged when it ends the prompt, and one token more would not.
+    #[test]
+    fn max_chunk_of_is_largest_fitting(
+        a in 0.0f64..1e-4,
+        b in 0.0f64..1e-1,
+        e in 0.0f64..5.0,
+        c in 0usize..50_000,
+        remaining in 0usize..20_000,
+        cap in 0usize..20_000,
+        budget in 1e-3f64..200.0,
+    ) {
+        let k = CostCoefficients { a, b, d: 0.0, e };
+        let cost = |q: usize| if q == remaining { k.sampling_chunk(q, c) } else { k.chunk(q, c) };
+        let q = k.max_chunk_of(c, remaining, budget, cap);
+        prop_assert!(q <= cap.min(remaining));
+        if q > 0 {
+            prop_assert!(cost(q) <= budget, "q {q} costs {} > {budget}", cost(q));
+        }
+        if q < cap.min(remaining) {
+            prop_assert!(cost(q + 1) > budget, "q {q} but {} fits {budget}", q + 1);
+        }
+    }
 }

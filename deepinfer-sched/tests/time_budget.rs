@@ -9,9 +9,14 @@ const COEF: CostCoefficients = CostCoefficients {
     a: 2e-6,
     b: 1e-3,
     d: 4.0,
+    e: 0.5,
 };
 
 fn run_with(budget: Option<f64>) -> Vec<StepPlan> {
+    run_model(COEF, budget)
+}
+
+fn run_model(coef: CostCoefficients, budget: Option<f64>) -> Vec<StepPlan> {
     let cfg = SchedulerConfig {
         max_num_batched_tokens: 16_384,
         max_num_seqs: 64,
@@ -20,7 +25,7 @@ fn run_with(budget: Option<f64>) -> Vec<StepPlan> {
         step_time_budget: budget,
         ..Default::default()
     };
-    let model = PrefillCostModel::new(COEF, CoefficientBounds::default(), 1.0).unwrap();
+    let model = PrefillCostModel::new(coef, CoefficientBounds::default(), 1.0).unwrap();
     let mut s = scheduler(cfg, 4096, 16).with_cost_model(model);
     // Eight short requests reach decode, then a 32k-token prompt arrives.
     for id in 1..=8 {
@@ -62,4 +67,82 @@ fn budget_bounds_steps_that_mix_decode_and_prefill() {
     // Without the budget the long prompt's chunks stretch decode steps far beyond it.
     assert!(worst(&without) > 3.0 * budget, "{}", worst(&without));
     assert!(worst(&with) <= budget);
+}
+
+/// A head-heavy model: a row that produces logits costs far more than a prefill token.
+const HEAD_HEAVY: CostCoefficients = CostCoefficients {
+    a: 2e-6,
+    b: 1e-4,
+    d: 4.0,
+    e: 2.0,
+};
+
+/// The predicted time of a plan's decode rows: their tokens and their output rows.
+fn decode_ms(coef: &CostCoefficients, p: &StepPlan) -> f64 {
+    p.decode
+        .iter()
+        .map(|d| coef.chunk(1 + d.drafts, d.position) + coef.e * (1 + d.drafts) as f64)
+        .sum()
+}
+
+#[test]
+fn decode_rows_and_the_sampling_row_are_charged() {
+    let budget = 40.0;
+    let plans = run_model(HEAD_HEAVY, Some(budget));
+    let mut mixed = 0;
+    let mut finals = 0;
+    for p in &plans {
+        let Some(chunk) = p.prefill.iter().find(|c| c.request == 100) else {
+            continue;
+        };
+        let dec = decode_ms(&HEAD_HEAVY, p);
+        let chunk_ms = if chunk.samples {
+            HEAD_HEAVY.sampling_chunk(chunk.len, chunk.start)
+        } else {
+            HEAD_HEAVY.chunk(chunk.len, chunk.start)
+        };
+        // The plan's prediction counts every output row: one per decode row, one
+        // for a chunk that samples.
+        let want = HEAD_HEAVY.d + dec + chunk_ms;
+        let got = p.predicted_ms.unwrap();
+        assert!(
+            (got - want).abs() <= 1e-9 * want,
+            "predicted {got} vs {want}"
+        );
+        assert!(got <= budget + 1e-9, "{got}");
+        mixed += usize::from(!p.decode.is_empty());
+        // The chunk is the largest that fits what the decode rows (output rows
+        // included) left of the budget, its sampling row charged if it ends the prompt.
+        let remaining = 32_000 - chunk.start;
+        let cap = remaining.min(16_384 - p.decode.len());
+        let left = budget - HEAD_HEAVY.d - dec;
+        assert_eq!(
+            chunk.len,
+            HEAD_HEAVY.max_chunk_of(chunk.start, remaining, left, cap),
+            "step {}",
+            p.step
+        );
+        finals += usize::from(chunk.samples);
+    }
+    assert!(mixed > 3, "{mixed}");
+    assert_eq!(finals, 1);
+    // The same run with the output rows ignored (e folded away) takes longer
+    // chunks next to the same decode rows: the rows' head cost is what shrinks them.
+    let blind = CostCoefficients {
+        e: 0.0,
+        ..HEAD_HEAVY
+    };
+    let first_chunk = |ps: &[StepPlan]| {
+        ps.iter()
+            .find(|p| !p.decode.is_empty() && p.prefill.iter().any(|c| c.request == 100))
+            .map(|p| p.prefill.iter().find(|c| c.request == 100).unwrap().len)
+            .unwrap()
+    };
+    let blind_plans = run_model(blind, Some(budget));
+    assert!(
+        first_chunk(&plans) < first_chunk(&blind_plans),
+        "{} vs {}",
+        first_chunk(&plans),
+        first_chunk(&blind_plans)
+    );
 }

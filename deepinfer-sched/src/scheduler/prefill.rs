@@ -2,8 +2,10 @@
 //!
 //! A prefill chunk is at most `max_chunk_tokens` and the step's rows left;
 //! with a time budget and a cost model, it is the largest chunk whose
-//! predicted time (`cost(q, c) = a·q·(q + c) + b·(q + c)`, `c` the tokens
-//! before it) fits what the rows planned before it left of the budget. A
+//! predicted time (`a·q·(q + c) + b·(q + c)`, `c` the tokens before it, plus
+//! `e` for its sampling row when it ends the prompt) fits what the rows
+//! planned before it (decode rows charged their output rows too) left of the
+//! budget. A
 //! step that would otherwise be empty still prefills `min_chunk_tokens`
 //! (within the same caps), so a prompt always makes progress. Without
 //! `chunked_prefill`, a waiting prompt that fits one step is admitted whole or
@@ -29,7 +31,9 @@ impl Scheduler {
             return cap;
         }
         let Some(c) = &self.cost else { return cap };
-        let q = c.coefficients().max_chunk(start, time_left, cap);
+        let q = c
+            .coefficients()
+            .max_chunk_of(start, remaining, time_left, cap);
         if q == 0 && step_empty {
             // Progress floor: a budget too small for anything still moves the prompt.
             return self.cfg.min_chunk_tokens.min(cap);

@@ -46,14 +46,16 @@ pub(super) struct StepState {
     /// batch after the walk (see `flush_grow`).
     pending_grow: usize,
     /// Time budget left after the chunks planned (infinite without a budget
-    /// and a cost model); the decode rows are charged from `dec_quad` and
-    /// `dec_lin`.
+    /// and a cost model); the decode rows are charged from `dec_quad`,
+    /// `dec_lin` and `dec_out`.
     time_left: f64,
     pub(super) coef: Option<CostCoefficients>,
-    /// Σ q·(q + c) and Σ (q + c) of the decode rows (integer sums, folded
-    /// into the features, and charged to the time left, when needed).
+    /// Σ q·(q + c), Σ (q + c) and the output rows (each row of a decode row,
+    /// drafts included) of the decode rows: integer sums, folded into the
+    /// features, and charged to the time left, when needed.
     dec_quad: u64,
     dec_lin: u64,
+    dec_out: u64,
     features: StepFeatures,
     prefill_rows: Vec<FlightRow>,
     decode_rows: Vec<DecodeFlight>,
@@ -63,7 +65,7 @@ impl StepState {
     /// Time left for the next prefill chunk, the decode rows so far charged.
     pub(super) fn chunk_time_left(&self) -> f64 {
         let dec_cost = self.coef.map_or(0.0, |c| {
-            c.a * self.dec_quad as f64 + c.b * self.dec_lin as f64
+            c.a * self.dec_quad as f64 + c.b * self.dec_lin as f64 + c.e * self.dec_out as f64
         });
         self.time_left - dec_cost
     }
@@ -74,11 +76,14 @@ impl StepState {
     }
 
     /// Add a prefill chunk to the plan and the flight, and charge it to the
-    /// budgets (its tokens, one sequence, its predicted time).
+    /// budgets (its tokens, one sequence, its predicted time: its sampling
+    /// row, if it samples, is an output row).
     pub(super) fn add_chunk(&mut self, plan: &mut StepPlan, fr: FlightRow) {
         self.features.add(fr.len, fr.start);
+        let out = usize::from(fr.samples);
+        self.features.add_outputs(out);
         if let Some(c) = self.coef {
-            self.time_left -= c.chunk(fr.len, fr.start);
+            self.time_left -= c.chunk(fr.len, fr.start) + c.e * out as f64;
         }
         self.tokens_left -= fr.len;
         self.seqs_left -= 1;
@@ -163,6 +168,7 @@ impl Scheduler {
             coef,
             dec_quad: 0,
             dec_lin: 0,
+            dec_out: 0,
             features: StepFeatures::default(),
             prefill_rows,
             decode_rows,
@@ -259,6 +265,7 @@ impl Scheduler {
         // One row each, no drafts: `q·(q + c)` and `q + c` agree.
         st.dec_quad += sum;
         st.dec_lin += sum;
+        st.dec_out += (next - i) as u64;
         st.tokens_left -= next - i;
         st.seqs_left -= next - i;
         Some(next)
@@ -329,6 +336,7 @@ impl Scheduler {
         // Integer sums: folded into the features (and the time left) once.
         st.dec_quad += ((1 + k) * (1 + k + position)) as u64;
         st.dec_lin += (1 + k + position) as u64;
+        st.dec_out += (1 + k) as u64;
         st.tokens_left -= 1 + k;
         st.seqs_left -= 1;
         st.decode_rows.push(DecodeFlight {
@@ -395,6 +403,7 @@ impl Scheduler {
             coef,
             dec_quad,
             dec_lin,
+            dec_out,
             mut features,
             prefill_rows,
             decode_rows,
@@ -402,6 +411,7 @@ impl Scheduler {
         } = st;
         features.quad += dec_quad as f64;
         features.lin += dec_lin as f64;
+        features.out_rows += dec_out as f64;
         plan.num_tokens = self.cfg.max_num_batched_tokens - tokens_left;
         plan.predicted_ms = coef.map(|c| c.step(&features));
         let reserved = reserved_blocks - self.pending_reserve;
