@@ -150,9 +150,6 @@ pub(crate) struct JobOut<T> {
 /// A step's work.
 pub(crate) struct Job<T> {
     pub seqs: Vec<JobSeq<T>>,
-    /// Global-state blocks this step may need to grow its sequences: prefix snapshots are
-    /// taken only while more than this many stay free.
-    pub reserve: usize,
     /// The expert placement this step runs with (expert parallelism).
     pub placement: Option<Arc<ExpertPlacement>>,
 }
@@ -185,7 +182,6 @@ where
 {
     let Job {
         mut seqs,
-        reserve,
         placement,
     } = job;
     let with_placement;
@@ -252,9 +248,9 @@ where
         let (Some(ids), Some(state)) = (ids, s.dev.state.as_ref()) else {
             continue;
         };
-        // No room in the global pool for the rollback snapshot: verify nothing this step.
-        if let Ok(snap) = state.try_clone() {
-            x.snap = Some(snap);
+        // The rollback point: the same blocks, the entry counts of now.
+        {
+            x.snap = Some(state.clone());
             x.drafts = ids.len();
             st.draft_tokens += ids.len() as u64;
             st.spec_rows += 1;
@@ -294,7 +290,6 @@ where
         forward_set(
             model,
             cfg,
-            reserve,
             &mut seqs,
             &mut sc,
             piece,
@@ -306,7 +301,6 @@ where
     forward_set(
         model,
         cfg,
-        reserve,
         &mut seqs,
         &mut sc,
         |s, x| (x.drafts > 0).then_some(0..s.dev.rows.len()),
@@ -375,7 +369,6 @@ where
         forward_set(
             model,
             cfg,
-            reserve,
             &mut seqs,
             &mut sc,
             pick,
@@ -485,7 +478,6 @@ where
 fn forward_set<B: Backend>(
     model: &Model<B>,
     cfg: &JobCfg,
-    reserve: usize,
     seqs: &mut [JobSeq<B::Tensor>],
     sc: &mut [Scratch<B::Tensor>],
     mut pick: impl FnMut(&JobSeq<B::Tensor>, &Scratch<B::Tensor>) -> Option<std::ops::Range<usize>>,
@@ -539,27 +531,13 @@ where
         } else if let (Some(b), Some(state)) = (cfg.snapshot_block, seqs[i].dev.state.as_ref())
             && state.pos.is_multiple_of(b)
             && state.pos > 0
-            // Too little room in the global pool: skip the snapshot (it only saves
-            // recomputation; the step's sequences must still be able to grow).
-            && free_global_blocks(model) > reserve
-            && let Ok(snap) = state.try_clone()
         {
-            snapshots.push((seqs[i].fx.params.cache_class, snap));
+            // Detached: the scheduler may give these blocks to other sequences later.
+            snapshots.push((seqs[i].fx.params.cache_class, state.detached()));
         }
         x.logits = row;
     }
     Ok(())
-}
-
-/// Free blocks of the model's global-state pool.
-pub(crate) fn free_global_blocks<B: Backend>(model: &Model<B>) -> usize
-where
-    B::Tensor: Clone,
-{
-    model
-        .global_cache()
-        .lock()
-        .map_or(0, |g| g.block_manager().pool().num_free())
 }
 
 /// Budgeted speculation: draft the next block now, in one drafter pass for every request

@@ -60,11 +60,6 @@ pub struct EngineConfig {
     /// Debug mode: with overlap, fail with [`ModelError::HostSync`] when the host thread
     /// reads device results while a step is in flight (a host–device synchronisation).
     pub sync_check: bool,
-    /// Blocks of the model's global-state pool (compressed entries and indexer keys of every
-    /// sequence and snapshot). `None`: sized from this configuration (KV pool, sequences,
-    /// prefix snapshots). When it runs out, snapshots are skipped (recomputed instead) and a
-    /// forward that cannot grow fails with [`ModelError::GlobalCacheFull`].
-    pub global_cache_blocks: Option<usize>,
     /// Time-budgeted chunked prefill: each step prefills the largest chunks the scheduler's
     /// cost model `cost(q, c)` predicts to fit this many milliseconds together with the
     /// step's decode rows (at least `min_chunk_tokens` when nothing else runs). The model
@@ -123,7 +118,6 @@ impl Default for EngineConfig {
             draft_calibration: None,
             overlap: true,
             sync_check: false,
-            global_cache_blocks: None,
             step_time_budget_ms: None,
             spec_slack: 6,
             expert_parallel: 1,
