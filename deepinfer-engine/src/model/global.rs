@@ -189,6 +189,12 @@ impl<T: Clone + TensorInfo> GlobalTable<T> {
         }
     }
 
+    /// Set the entries each layer holds, `[part][layer]` (a state resumed at a position whose
+    /// entries are already in the pool; see `Model::windowless_state`).
+    pub(crate) fn set_counts(&mut self, counts: [Vec<usize>; 2]) {
+        self.counts = counts;
+    }
+
     /// Whether the table reads and writes the engine's pool.
     pub fn in_pool(&self) -> bool {
         matches!(self.store, Store::Pool { .. })

@@ -79,6 +79,9 @@ pub struct Model<B: Backend> {
     pub(crate) global: SharedGlobalCache<B::Tensor>,
     /// Per layer and routed expert: token rows routed there (when counting is on).
     pub(crate) expert_load: Option<Vec<Vec<std::sync::atomic::AtomicU64>>>,
+    /// `[part][layer]`: global entries a state holds after one global block of positions
+    /// (which layers own entries and indexer keys), found by a probe forward on first use.
+    global_counts: std::sync::OnceLock<[Vec<usize>; 2]>,
 }
 
 /// Positions per global block: the least multiple of every compression ratio and of 32.
@@ -203,6 +206,7 @@ impl<B: Backend> Model<B> {
             decoder_replay: false,
             global,
             expert_load: None,
+            global_counts: std::sync::OnceLock::new(),
         })
     }
 
@@ -335,6 +339,50 @@ impl<B: Backend> Model<B> {
         state.pos += n;
         state.history.extend(tail);
         res
+    }
+
+    /// A state at position `history.len()` (a multiple of every compression ratio) whose
+    /// global entries are all in the pool and which keeps no window state: no window rows,
+    /// no open or previous compressor rows, no drafter windows. What a prefix hit whose window
+    /// state is missing resumes from before [`Model::rebuild_window`] (bounded replay).
+    pub fn windowless_state(&self, history: &[u32]) -> Result<SeqState<B::Tensor>, ModelError> {
+        let bt = self.global_block_tokens();
+        let q = history.len();
+        if let Some(r) = self
+            .cfg
+            .compress_ratios
+            .iter()
+            .find(|&&r| r > 0 && !q.is_multiple_of(r))
+        {
+            return Err(ModelError::Input(format!(
+                "a windowless state at position {q}: not a multiple of compression ratio {r}"
+            )));
+        }
+        let per_block = match self.global_counts.get() {
+            Some(c) => c.clone(),
+            None => {
+                let mut probe = self.new_state();
+                let toks = vec![0u32; bt];
+                self.forward(
+                    &mut [BatchItem {
+                        state: &mut probe,
+                        tokens: &toks,
+                    }],
+                    Logits::Last,
+                    None,
+                )?;
+                let layers = self.cfg.num_layers;
+                let c = [GlobalPart::Entries, GlobalPart::IndexKeys]
+                    .map(|p| (0..layers).map(|l| probe.global.count(p, l)).collect());
+                self.global_counts.get_or_init(|| c).clone()
+            }
+        };
+        let mut st = self.new_state();
+        st.pos = q;
+        st.history = history.to_vec();
+        st.global
+            .set_counts(per_block.map(|v| v.into_iter().map(|n| n * q / bt).collect()));
+        Ok(st)
     }
 
     /// The backend.

@@ -56,6 +56,9 @@ pub(crate) struct Dev<T> {
     pub hist: Vec<u32>,
     /// Input-token buffer, reused from step to step.
     pub rows: Vec<u32>,
+    /// Bounded replay: the state is windowless and its last this many tokens are replayed
+    /// ([`Model::rebuild_window`]) before the step's rows.
+    pub rebuild_window: usize,
 }
 
 impl<T> Default for Dev<T> {
@@ -66,6 +69,7 @@ impl<T> Default for Dev<T> {
             next_draft: None,
             hist: Vec::new(),
             rows: Vec::new(),
+            rebuild_window: 0,
         }
     }
 }
@@ -199,6 +203,15 @@ where
     let words = v.div_ceil(32);
     let mut st = DevStats::default();
     let mut snapshots = Vec::new();
+    let tf = Instant::now();
+    for s in seqs.iter_mut() {
+        let w = std::mem::take(&mut s.dev.rebuild_window);
+        if let (Some(state), true) = (s.dev.state.as_mut(), w > 0) {
+            let tail = state.history[state.pos.saturating_sub(w)..].to_vec();
+            model.rebuild_window(state, &tail)?;
+        }
+    }
+    st.forward_ms += ms_since(tf);
     let mut sc: Vec<Scratch<B::Tensor>> = seqs
         .iter()
         .map(|_| Scratch {

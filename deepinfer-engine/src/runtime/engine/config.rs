@@ -70,6 +70,12 @@ pub struct EngineConfig {
     /// rule: a hit reuses at most `L − window − spec_slack` prompt tokens, L − 134 for
     /// V4.1-Flash's window of 128 with the default 6). Independent of `spec_drafts`.
     pub spec_slack: usize,
+    /// Bounded replay: a prefix hit whose window state is not stored resumes from a state
+    /// without one and replays only the last `sliding_window` tokens before the hit (window
+    /// attention then sees no rows before the replay, compressor overlap rows are lost), as
+    /// production engines do, instead of recomputing exactly from the nearest stored state
+    /// or from position 0 (`false`, the default). Approximate: see the engine README.
+    pub bounded_replay: bool,
     /// Expert parallelism over this many in-process ranks (1: off): each forward splits its
     /// sequences over the ranks (data-parallel attention) and the ranks exchange token rows
     /// with the rank holding each routed expert at every MoE layer ([`Model::forward_ep`]);
@@ -120,6 +126,7 @@ impl Default for EngineConfig {
             sync_check: false,
             step_time_budget_ms: None,
             spec_slack: 6,
+            bounded_replay: false,
             expert_parallel: 1,
             eplb_interval: None,
         }

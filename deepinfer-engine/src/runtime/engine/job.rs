@@ -59,19 +59,16 @@ where
             match l.dev.state.as_mut() {
                 Some(s) if s.pos == start => s.global.set_block_ids(ids),
                 _ => {
-                    let mut st = match self.prefix.lookup(&toks[..start]) {
-                        Some(s) => {
-                            self.metrics.state_snapshot_hits += 1;
-                            s
-                        }
-                        None => self.model.new_state(),
-                    };
-                    self.metrics.replayed_tokens += (start - st.pos) as u64;
-                    // The scheduler's blocks of the first `start` positions hold their
-                    // entries (a prefix hit or an import); the replay only rebuilds the
-                    // window state.
-                    st.global.attach(cache.clone(), ids, start);
+                    let (st, w) = resume_state(
+                        &mut self.prefix,
+                        &mut self.metrics,
+                        &self.model,
+                        self.cfg.bounded_replay,
+                        (&toks[..start], ids),
+                        &cache,
+                    )?;
                     l.dev.state = Some(st);
+                    l.dev.rebuild_window = w;
                 }
             }
             let from = l.dev.state.as_ref().map_or(0, |s| s.pos);
@@ -154,4 +151,42 @@ where
             m.drafts_accepted_at[p] += s.drafts_accepted_at[p];
         }
     }
+}
+
+/// The state a sequence resumes from at `tokens.len()`, the scheduler's resume point, on
+/// the pool blocks `ids`, whose first `tokens.len()` positions hold their entries (a
+/// prefix hit or an import): the longest stored state at or below it, whose tokens up to
+/// the resume point the first forward replays (exact); with bounded replay, when that
+/// replay would be longer than the window, a windowless state whose last window of
+/// tokens is replayed on the device before the step's rows (the returned count).
+fn resume_state<B: Backend>(
+    prefix: &mut PrefixCache<B::Tensor>,
+    metrics: &mut Metrics,
+    model: &Model<B>,
+    bounded_replay: bool,
+    (tokens, ids): (&[u32], &[deepinfer_kv::BlockId]),
+    cache: &crate::model::SharedGlobalCache<B::Tensor>,
+) -> Result<(SeqState<B::Tensor>, usize), EngineError>
+where
+    B::Tensor: Clone,
+{
+    let start = tokens.len();
+    let mut st = match prefix.lookup(tokens) {
+        Some(s) => {
+            metrics.state_snapshot_hits += 1;
+            s
+        }
+        None => model.new_state(),
+    };
+    let w = model.cfg.sliding_window.min(start);
+    if bounded_replay && start - st.pos > w && w > 0 {
+        let mut b = model.windowless_state(tokens)?;
+        b.global.attach(cache.clone(), ids, start);
+        metrics.replayed_tokens += w as u64;
+        metrics.bounded_replays += 1;
+        return Ok((b, w));
+    }
+    metrics.replayed_tokens += (start - st.pos) as u64;
+    st.global.attach(cache.clone(), ids, start);
+    Ok((st, 0))
 }

@@ -194,6 +194,11 @@ where
         model
             .set_global_pool(pool.num_blocks, pool.block_size)
             .map_err(|e| EngineError::Config(format!("block size {}: {e}", pool.block_size)))?;
+        if cfg.bounded_replay {
+            // Which layers own global entries: found once here, by a probe forward on this
+            // thread, not later on the step loop's.
+            model.windowless_state(&vec![0; model.global_block_tokens()])?;
+        }
         let sched = Self::make_scheduler(&model, &cfg)?;
         let prefix = Self::make_prefix_cache(&model, &cfg)?;
         let balancer = match cfg.eplb_interval {
@@ -399,6 +404,7 @@ where
             "host_states": {"entries": m.prefix_states, "bytes": self.prefix.host_bytes()},
             "disk_states": {"written": m.disk_writes, "rejected": m.disk_rejected},
             "replayed_tokens": m.replayed_tokens,
+            "bounded_replays": m.bounded_replays,
             "generated_tokens": m.generated_tokens,
             "preemptions": m.preemptions,
             "steps": m.steps,
