@@ -2,15 +2,15 @@
 //! outputs (tokens, log-probabilities, finish reasons) with greedy and seeded sampling,
 //! DSpark drafts, preemption under memory pressure, requests that stop early while the next
 //! step is already planned, and aborts; the launch-phase check never trips in the overlapped
-//! loop and trips on a deliberate device read; a global-state pool too small for snapshots
-//! degrades to recomputation and one too small for the sequences is a typed error.
+//! loop and trips on a deliberate device read; a pool small enough to preempt gives the
+//! tokens of an ample one and one too small for a prompt is an error.
 #![cfg(feature = "runtime")]
 
 mod common;
 use common::prompt;
 use deepinfer_engine::model::sync::LaunchPhase;
 use deepinfer_engine::runtime::{
-    Engine, EngineConfig, EngineError, FinishReason, GenParams, Output, Request, StreamEvent,
+    Engine, EngineConfig, FinishReason, GenParams, Output, Request, StreamEvent,
 };
 use deepinfer_engine::{BatchItem, Logits, Model, ModelError};
 use deepinfer_kernels::CpuBackend;
@@ -229,49 +229,11 @@ fn launch_phase_check_trips_on_a_deliberate_device_read() {
 }
 
 #[test]
-fn tiny_global_pool_skips_snapshots_or_fails_with_a_typed_error() {
-    // Direct: a pool of 2 blocks, a 40-position state holds 2 (one full, one partial); a
-    // snapshot needs a copy of the partial block. `clone` used to panic here.
-    let mut m = model();
-    m.set_global_cache_blocks(2).unwrap();
-    assert_eq!(m.global_cache_blocks(), 2);
-    let mut st = m.new_state();
-    let toks = prompt(1, 40);
-    m.forward(
-        &mut [BatchItem {
-            state: &mut st,
-            tokens: &toks,
-        }],
-        Logits::Last,
-        None,
-    )
-    .unwrap();
-    let r = st.try_clone();
-    assert!(
-        matches!(r, Err(ModelError::GlobalCacheFull { .. })),
-        "{:?}",
-        r.err()
-    );
-    // Growing past the pool is a typed error too.
-    let more = prompt(2, 40);
-    let r = m.forward(
-        &mut [BatchItem {
-            state: &mut st,
-            tokens: &more,
-        }],
-        Logits::Last,
-        None,
-    );
-    assert!(
-        matches!(r, Err(ModelError::GlobalCacheFull { .. })),
-        "{r:?}"
-    );
-    drop(st);
-    assert!(m.set_global_cache_blocks(64).is_ok(), "free again");
-
-    // Engine: 4 sequences of up to 48 positions hold 8 blocks at the end; a pool of 10
-    // leaves almost no room for prefix or rollback snapshots, which are then skipped or
-    // evicted (greedy, so the tokens cannot depend on whether a row verified drafts).
+fn a_small_pool_preempts_and_gives_the_tokens_of_an_ample_one() {
+    // One pool holds every sequence's compressed entries at the scheduler's block ids: 4
+    // sequences of up to 48 positions need 24 blocks of 8; a pool of 10 preempts them, with
+    // speculation's rollback points and the prefix snapshots taken as usual (greedy, so the
+    // tokens cannot depend on whether a row verified drafts).
     let reqs: Vec<Request> = (0..4u64)
         .map(|i| Request::new(i, prompt(70 + i, 40), params(0, 8)))
         .collect();
@@ -282,29 +244,27 @@ fn tiny_global_pool_skips_snapshots_or_fails_with_a_typed_error() {
     };
     let (ample, _) = run(base.clone(), reqs.clone());
     for overlap in [false, true] {
-        let (tight, _) = run(
-            EngineConfig {
-                global_cache_blocks: Some(10),
-                overlap,
-                ..base.clone()
-            },
-            reqs.clone(),
+        let mut e = engine(EngineConfig {
+            num_blocks: 10,
+            overlap,
+            ..base.clone()
+        });
+        assert_eq!(e.model().global_cache_blocks(), 10, "one pool");
+        let tight = e.generate(reqs.clone()).unwrap();
+        assert!(
+            e.metrics().preemptions > 0,
+            "overlap {overlap}: no preemption"
         );
         for (a, b) in ample.iter().zip(&tight) {
             assert_eq!(a.token_ids, b.token_ids, "overlap {overlap}");
         }
+        assert_eq!(e.kv_blocks_in_use(), 0);
     }
-    // One block cannot hold even one sequence: a typed error, no panic.
+    // A pool that cannot hold one prompt: a typed error, no panic.
     let mut e = engine(EngineConfig {
-        global_cache_blocks: Some(1),
+        num_blocks: 1,
         ..base
     });
     let r = e.generate(reqs);
-    assert!(
-        matches!(
-            r,
-            Err(EngineError::Model(ModelError::GlobalCacheFull { .. }))
-        ),
-        "{r:?}"
-    );
+    assert!(r.is_err(), "{r:?}");
 }

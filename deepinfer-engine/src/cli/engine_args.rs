@@ -68,6 +68,11 @@ pub struct EngineArgs {
     /// reuses at most L − window − slack tokens; DeepSeek's rule uses 6).
     #[arg(long, default_value_t = 6)]
     pub spec_slack: usize,
+    /// A prefix hit without a stored window state replays only the last window of tokens
+    /// before it (approximate, as production does) instead of recomputing exactly from the
+    /// nearest stored state.
+    #[arg(long)]
+    pub bounded_replay: bool,
     /// Disable prefix caching.
     #[arg(long)]
     pub no_prefix_cache: bool,
@@ -265,6 +270,7 @@ impl EngineArgs {
             sync_check: self.sync_check,
             step_time_budget_ms: self.step_time_budget_ms,
             spec_slack: self.spec_slack,
+            bounded_replay: self.bounded_replay,
             expert_parallel: self.expert_parallel,
             eplb_interval: self.eplb_interval,
             prefix_state_interval: self.prefix_state_interval,

@@ -1,21 +1,24 @@
 //! The global state (compressed entries and indexer keys) in paged blocks.
 //!
-//! A model owns one [`GlobalCache`]: per layer and per part (entries, indexer keys), a pool of
-//! blocks indexed by block id, each block holding the entries of `block_tokens` consecutive
-//! token positions (`block_tokens / ratio` entries of a layer with compression ratio `ratio`).
-//! The block ids come from a `deepinfer_kv::BlockManager`: every sequence's [`GlobalTable`] is
-//! one kv sequence whose tokens are the positions its compressors have pooled so far, so the
-//! kv block table is the sequence's block table here.
+//! A block holds the entries of `block_tokens` consecutive token positions
+//! (`block_tokens / ratio` entries of a layer with compression ratio `ratio`). A sequence's
+//! [`GlobalTable`] reads and writes its entries block by block in one of two stores:
 //!
-//! Cloning a table (the runtime snapshots states for rollback and prefix reuse) forks the kv
-//! sequence: full blocks are shared by reference count, the partly filled last block is copied
-//! (the kv `CopyOp`). Dropping a table frees its kv sequence, so no block outlives the states
-//! that reference it. Only a table's exclusive last block is ever written, so shared blocks
-//! never change under a snapshot.
+//! - **the engine's pool**, a [`GlobalCache`] indexed by the block ids of the sequence's
+//!   `deepinfer-kv` block table, the scheduler's. The scheduler owns the ids (allocation,
+//!   sharing by reference count, copy-on-write of a forked tail, the prefix cache's hash
+//!   chains); the cache only holds the tensors at those ids. A block the scheduler shares is
+//!   full and never written again: a table writes only past its `present` positions (entries
+//!   a prefix hit found in the pool) and only into blocks its sequence owns alone.
+//! - **its own blocks**, for a state outside an engine (scoring, calibration) and for a
+//!   detached snapshot kept in a slower cache tier ([`GlobalTable::detached`]).
+//!
+//! A clone of a pool table is a rollback point: it names the same blocks and remembers how
+//! many entries it held, so restoring it forgets what was written since.
 
 use super::ModelError;
 use deepinfer_kernels::{Backend, TensorInfo};
-use deepinfer_kv::{AllocateOptions, BlockId, BlockManager, BlockManagerConfig};
+use deepinfer_kv::BlockId;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 type R<T> = Result<T, ModelError>;
@@ -29,15 +32,18 @@ pub enum GlobalPart {
     IndexKeys = 1,
 }
 
-/// A per-model pool of global-state blocks, addressed by `deepinfer-kv` block ids.
+/// `[part][layer]` tensors of one block.
+type BlockRows<T> = [Vec<Option<T>>; 2];
+
+/// The engine's pool of global-state blocks, addressed by the scheduler's `deepinfer-kv`
+/// block ids. Tensors are made as blocks fill and replaced when a block id is reused, so the
+/// pool never holds more than `num_blocks` blocks.
 #[derive(Debug)]
 pub struct GlobalCache<T> {
-    kv: BlockManager,
+    num_blocks: usize,
     block_tokens: usize,
-    ratios: Vec<usize>,
-    /// `[part][layer][block id]`: the rows written into that block so far.
+    /// `[part][layer][block id]`: the rows written into that block.
     blocks: [Vec<Vec<Option<T>>>; 2],
-    next_seq: u64,
 }
 
 impl<T: Clone> GlobalCache<T> {
@@ -45,24 +51,12 @@ impl<T: Clone> GlobalCache<T> {
     /// compression `ratios` (0 for a layer without global state). `block_tokens` must be a
     /// multiple of every nonzero ratio.
     pub fn new(num_blocks: usize, block_tokens: usize, ratios: &[usize]) -> R<Self> {
-        if let Some(&r) = ratios
-            .iter()
-            .find(|&&r| r > 0 && !block_tokens.is_multiple_of(r))
-        {
-            return Err(ModelError::Input(format!(
-                "global block of {block_tokens} positions is not a multiple of ratio {r}"
-            )));
-        }
-        let mut cfg = BlockManagerConfig::new(num_blocks, block_tokens);
-        cfg.enable_prefix_caching = false;
-        let kv = BlockManager::new(cfg).map_err(kv_err)?;
+        check_block_tokens(block_tokens, ratios)?;
         let layers = ratios.len();
         Ok(GlobalCache {
-            kv,
+            num_blocks,
             block_tokens,
-            ratios: ratios.to_vec(),
             blocks: [vec![Vec::new(); layers], vec![Vec::new(); layers]],
-            next_seq: 0,
         })
     }
 
@@ -71,14 +65,9 @@ impl<T: Clone> GlobalCache<T> {
         self.block_tokens
     }
 
-    /// The kv block manager that hands out the block ids.
-    pub fn block_manager(&self) -> &BlockManager {
-        &self.kv
-    }
-
-    /// Blocks currently referenced by some sequence.
-    pub fn used_blocks(&self) -> usize {
-        self.kv.usage().used
+    /// Block ids the pool addresses (`0..num_blocks`).
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
     }
 
     /// Block tensors currently held (all parts and layers).
@@ -91,53 +80,99 @@ impl<T: Clone> GlobalCache<T> {
             .count()
     }
 
-    fn per_block(&self, layer: usize) -> R<usize> {
-        match self.ratios.get(layer) {
-            Some(&r) if r > 0 => Ok(self.block_tokens / r),
-            _ => Err(ModelError::Input(format!(
-                "layer {layer} keeps no global state"
-            ))),
+    /// Copy block `src` to `dst` in every part and layer (the copy-on-write of a forked
+    /// sequence's partly filled last block; the kv `CopyOp` of a step plan).
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId) -> R<()> {
+        self.check_id(src)?;
+        self.check_id(dst)?;
+        for layer in self.blocks.iter_mut().flatten() {
+            let t = layer.get(src as usize).cloned().flatten();
+            *slot(layer, dst) = t;
+        }
+        Ok(())
+    }
+
+    fn check_id(&self, id: BlockId) -> R<()> {
+        if (id as usize) < self.num_blocks {
+            Ok(())
+        } else {
+            Err(ModelError::Input(format!(
+                "global block {id} is outside the pool of {} blocks",
+                self.num_blocks
+            )))
         }
     }
 }
 
-fn kv_err(e: deepinfer_kv::KvError) -> ModelError {
-    match e {
-        deepinfer_kv::KvError::OutOfBlocks { needed, available } => {
-            ModelError::GlobalCacheFull { needed, available }
-        }
-        e => ModelError::Input(format!("global cache blocks: {e}")),
+fn slot<T>(layer: &mut Vec<Option<T>>, id: BlockId) -> &mut Option<T> {
+    let i = id as usize;
+    if layer.len() <= i {
+        layer.resize_with(i + 1, || None);
+    }
+    &mut layer[i]
+}
+
+fn check_block_tokens(block_tokens: usize, ratios: &[usize]) -> R<()> {
+    match ratios
+        .iter()
+        .find(|&&r| r > 0 && !block_tokens.is_multiple_of(r))
+    {
+        _ if block_tokens == 0 => Err(ModelError::Input(
+            "a global block needs at least one position".into(),
+        )),
+        Some(r) => Err(ModelError::Input(format!(
+            "global block of {block_tokens} positions is not a multiple of ratio {r}"
+        ))),
+        None => Ok(()),
     }
 }
 
 pub(crate) fn lock_cache<T>(m: &Mutex<GlobalCache<T>>) -> MutexGuard<'_, GlobalCache<T>> {
-    lock(m)
-}
-
-fn lock<T>(m: &Mutex<GlobalCache<T>>) -> MutexGuard<'_, GlobalCache<T>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A model's shared global cache.
 pub type SharedGlobalCache<T> = Arc<Mutex<GlobalCache<T>>>;
 
-/// One sequence's view of the global state: its kv sequence (block table) and the number of
-/// entries each layer holds per part.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
+enum Store<T> {
+    /// The table's own blocks, by logical block index.
+    Own {
+        block_tokens: usize,
+        blocks: Vec<BlockRows<T>>,
+    },
+    /// Blocks of the engine's pool at the sequence's block ids; positions below `present`
+    /// already hold their entries (a prefix hit) and are not written again.
+    Pool {
+        cache: SharedGlobalCache<T>,
+        ids: Vec<BlockId>,
+        present: usize,
+    },
+}
+
+/// One sequence's global state: where its blocks are and how many entries each layer holds
+/// per part.
+#[derive(Debug, Clone)]
 pub struct GlobalTable<T> {
-    cache: Option<SharedGlobalCache<T>>,
-    seq: Option<u64>,
+    ratios: Arc<[usize]>,
+    store: Store<T>,
     counts: [Vec<usize>; 2],
 }
 
-impl<T: Clone> GlobalTable<T> {
-    /// An empty table over `cache` (`None`: a state that cannot hold global entries).
-    pub fn new(layers: usize, cache: Option<SharedGlobalCache<T>>) -> Self {
-        GlobalTable {
-            cache,
-            seq: None,
+impl<T: Clone + TensorInfo> GlobalTable<T> {
+    /// An empty table with its own blocks of `block_tokens` positions, for layers with the
+    /// given compression `ratios`.
+    pub fn new(ratios: Arc<[usize]>, block_tokens: usize) -> R<Self> {
+        check_block_tokens(block_tokens, &ratios)?;
+        let layers = ratios.len();
+        Ok(GlobalTable {
+            ratios,
+            store: Store::Own {
+                block_tokens,
+                blocks: Vec::new(),
+            },
             counts: [vec![0; layers], vec![0; layers]],
-        }
+        })
     }
 
     /// Entries layer `layer` holds in `part`.
@@ -145,24 +180,58 @@ impl<T: Clone> GlobalTable<T> {
         self.counts[part as usize].get(layer).copied().unwrap_or(0)
     }
 
-    /// The sequence's block ids (from `deepinfer-kv`); empty before the first entry.
-    pub fn block_ids(&self) -> Vec<BlockId> {
-        match (&self.cache, self.seq) {
-            (Some(c), Some(s)) => lock(c)
-                .kv
-                .block_table(s)
-                .map(<[_]>::to_vec)
-                .unwrap_or_default(),
-            _ => Vec::new(),
+    /// The pool block ids the table reads and writes (empty for a table with its own
+    /// blocks).
+    pub fn block_ids(&self) -> &[BlockId] {
+        match &self.store {
+            Store::Pool { ids, .. } => ids,
+            Store::Own { .. } => &[],
         }
     }
 
-    fn cache(&self) -> R<&SharedGlobalCache<T>> {
-        self.cache.as_ref().ok_or_else(|| {
-            ModelError::Input(
-                "this state has no global cache (make states with Model::new_state)".into(),
-            )
-        })
+    /// Set the entries each layer holds, `[part][layer]` (a state resumed at a position whose
+    /// entries are already in the pool; see `Model::windowless_state`).
+    pub(crate) fn set_counts(&mut self, counts: [Vec<usize>; 2]) {
+        self.counts = counts;
+    }
+
+    /// Whether the table reads and writes the engine's pool.
+    pub fn in_pool(&self) -> bool {
+        matches!(self.store, Store::Pool { .. })
+    }
+
+    /// Move the table onto `cache` at the sequence's block table `ids`, where the entries of
+    /// the first `present` positions already are (the scheduler's prefix hit; they are never
+    /// written again). The counts stay: a state resumed from a snapshot replays its tokens
+    /// up to `present` reading the pool's entries.
+    pub fn attach(&mut self, cache: SharedGlobalCache<T>, ids: &[BlockId], present: usize) {
+        self.store = Store::Pool {
+            cache,
+            ids: ids.to_vec(),
+            present,
+        };
+    }
+
+    /// The sequence's block table grew or changed (a new step's plan): read and write these
+    /// ids from now on.
+    pub fn set_block_ids(&mut self, new: &[BlockId]) {
+        if let Store::Pool { ids, .. } = &mut self.store {
+            ids.clear();
+            ids.extend_from_slice(new);
+        }
+    }
+
+    fn per_block(&self, layer: usize) -> R<usize> {
+        let bt = match &self.store {
+            Store::Own { block_tokens, .. } => *block_tokens,
+            Store::Pool { cache, .. } => lock_cache(cache).block_tokens,
+        };
+        match self.ratios.get(layer) {
+            Some(&r) if r > 0 => Ok(bt / r),
+            _ => Err(ModelError::Input(format!(
+                "layer {layer} keeps no global state"
+            ))),
+        }
     }
 
     /// Append `rows` (`[n, ..]`) after the layer's existing entries of `part`.
@@ -172,110 +241,118 @@ impl<T: Clone> GlobalTable<T> {
         part: GlobalPart,
         layer: usize,
         rows: T,
-    ) -> R<()>
-    where
-        T: TensorInfo,
-    {
+    ) -> R<()> {
         let n = rows.shape()[0];
         if n == 0 {
             return Ok(());
         }
-        let cache = self.cache()?.clone();
-        let mut g = lock(&cache);
-        let per_block = g.per_block(layer)?;
+        let per_block = self.per_block(layer)?;
         let first = self.count(part, layer);
-        let need = (first + n) * g.ratios[layer];
-        // The kv sequence covers the positions pooled so far (the furthest layer's).
-        match self.seq {
-            None => {
-                let id = g.next_seq;
-                g.next_seq += 1;
-                g.kv.allocate(id, &vec![0; need], AllocateOptions::default())
-                    .map_err(kv_err)?;
-                self.seq = Some(id);
+        // Entries a prefix hit found in the pool are already there.
+        let skip = match &self.store {
+            Store::Pool { present, .. } => {
+                (present / self.ratios[layer]).saturating_sub(first).min(n)
             }
-            Some(s) => {
-                let have = g.kv.tokens(s).map_err(kv_err)?.len();
-                if have < need {
-                    let mut slots = Vec::new();
-                    g.kv.append(s, &vec![0; need - have], &mut slots)
-                        .map_err(kv_err)?;
-                }
-            }
-        }
-        let seq = self.seq.unwrap_or_default();
-        let table = g.kv.block_table(seq).map_err(kv_err)?.to_vec();
-        let mut done = 0;
+            Store::Own { .. } => 0,
+        };
+        let mut done = skip;
         while done < n {
             let e = first + done;
             let (b, off) = (e / per_block, e % per_block);
             let take = (per_block - off).min(n - done);
-            let id = *table
-                .get(b)
-                .ok_or_else(|| ModelError::Input(format!("global block {b} not allocated")))?;
             let piece = if take == n {
                 rows.clone()
             } else {
                 be.narrow(&rows, 0, done, take)?
             };
-            let slots = &mut g.blocks[part as usize][layer];
-            if slots.len() <= id as usize {
-                slots.resize(id as usize + 1, None);
-            }
-            let new = if off == 0 {
-                piece
-            } else {
-                // Only an exclusive block is written: shared ones belong to snapshots too.
-                if g.kv.pool().ref_count(id).map_err(kv_err)? != 1 {
-                    return Err(ModelError::Input(format!(
-                        "global block {id} is shared and cannot be written"
-                    )));
-                }
-                let old = g.blocks[part as usize][layer][id as usize]
-                    .as_ref()
-                    .filter(|t| t.shape()[0] >= off)
-                    .ok_or_else(|| ModelError::Input(format!("global block {id} is short")))?;
-                let old = if old.shape()[0] == off {
-                    old.clone()
-                } else {
-                    be.narrow(old, 0, 0, off)?
-                };
-                be.concat(&[&old, &piece], 0)?
-            };
-            g.blocks[part as usize][layer][id as usize] = Some(new);
+            self.write(be, part, layer, b, off, piece)?;
             done += take;
         }
         self.counts[part as usize][layer] = first + n;
         Ok(())
     }
 
-    /// The layer's entries of `part` as one contiguous tensor, read through the block table
+    /// Put `piece` at entry offset `off` of logical block `b` (keeping the block's first
+    /// `off` rows).
+    fn write<B: Backend<Tensor = T>>(
+        &mut self,
+        be: &B,
+        part: GlobalPart,
+        layer: usize,
+        b: usize,
+        off: usize,
+        piece: T,
+    ) -> R<()> {
+        let (p, layers) = (part as usize, self.ratios.len());
+        let join = |old: Option<&T>| -> R<T> {
+            if off == 0 {
+                return Ok(piece.clone());
+            }
+            let old = old
+                .filter(|t| t.shape()[0] >= off)
+                .ok_or_else(|| ModelError::Input(format!("global block {b} is short")))?;
+            let old = if old.shape()[0] == off {
+                old.clone()
+            } else {
+                be.narrow(old, 0, 0, off)?
+            };
+            Ok(be.concat(&[&old, &piece], 0)?)
+        };
+        match &mut self.store {
+            Store::Own { blocks, .. } => {
+                if blocks.len() <= b {
+                    blocks.resize_with(b + 1, || [vec![None; layers], vec![None; layers]]);
+                }
+                let s = &mut blocks[b][p][layer];
+                *s = Some(join(s.as_ref())?);
+            }
+            Store::Pool { cache, ids, .. } => {
+                let id = *ids.get(b).ok_or_else(|| {
+                    ModelError::Input(format!(
+                        "global block {b} is not in the sequence's block table ({} blocks)",
+                        ids.len()
+                    ))
+                })?;
+                let mut g = lock_cache(cache);
+                g.check_id(id)?;
+                let s = slot(&mut g.blocks[p][layer], id);
+                *s = Some(join(s.as_ref())?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The layer's entries of `part` as one contiguous tensor, read through the blocks
     /// (`None` when it holds none).
     pub fn gather<B: Backend<Tensor = T>>(
         &self,
         be: &B,
         part: GlobalPart,
         layer: usize,
-    ) -> R<Option<T>>
-    where
-        T: TensorInfo,
-    {
+    ) -> R<Option<T>> {
         let count = self.count(part, layer);
         if count == 0 {
             return Ok(None);
         }
-        let g = lock(self.cache()?);
-        let per_block = g.per_block(layer)?;
-        let table =
-            g.kv.block_table(self.seq.unwrap_or_default())
-                .map_err(kv_err)?;
-        let mut pieces = Vec::with_capacity(count.div_ceil(per_block));
-        for b in 0..count.div_ceil(per_block) {
+        let per_block = self.per_block(layer)?;
+        let nblocks = count.div_ceil(per_block);
+        let p = part as usize;
+        let mut pieces = Vec::with_capacity(nblocks);
+        let guard = match &self.store {
+            Store::Pool { cache, .. } => Some(lock_cache(cache)),
+            Store::Own { .. } => None,
+        };
+        for b in 0..nblocks {
             let rows = per_block.min(count - b * per_block);
-            let t = table
-                .get(b)
-                .and_then(|&id| g.blocks[part as usize][layer].get(id as usize))
-                .and_then(Option::as_ref)
+            let t = match (&self.store, &guard) {
+                (Store::Own { blocks, .. }, _) => blocks.get(b).and_then(|r| r[p][layer].as_ref()),
+                (Store::Pool { ids, .. }, Some(g)) => ids
+                    .get(b)
+                    .and_then(|&id| g.blocks[p][layer].get(id as usize))
+                    .and_then(Option::as_ref),
+                _ => None,
+            };
+            let t = t
                 .filter(|t| t.shape()[0] >= rows)
                 .ok_or_else(|| ModelError::Input(format!("global block {b} missing")))?;
             pieces.push(if t.shape()[0] == rows {
@@ -284,76 +361,76 @@ impl<T: Clone> GlobalTable<T> {
                 be.narrow(t, 0, 0, rows)?
             });
         }
+        drop(guard);
         if pieces.len() == 1 {
             return Ok(pieces.pop());
         }
         let refs: Vec<&T> = pieces.iter().collect();
         Ok(Some(be.concat(&refs, 0)?))
     }
-}
 
-impl<T: Clone> GlobalTable<T> {
-    /// A snapshot of the table: forks the kv sequence (full blocks shared by reference count,
-    /// the partly filled last block copied). Fails with [`ModelError::GlobalCacheFull`] when
-    /// the pool has no free block for that copy; nothing changes then.
-    pub fn try_clone(&self) -> R<Self> {
-        let mut seq = None;
-        if let (Some(c), Some(s)) = (&self.cache, self.seq) {
-            let mut g = lock(c);
-            let id = g.next_seq;
-            let copy = g.kv.fork(s, id).map_err(kv_err)?;
-            g.next_seq += 1;
-            if let Some(op) = copy {
-                for part in g.blocks.iter_mut() {
-                    for layer in part.iter_mut() {
-                        let src = layer.get(op.src as usize).cloned().flatten();
-                        if layer.len() <= op.dst as usize {
-                            layer.resize(op.dst as usize + 1, None);
-                        }
-                        layer[op.dst as usize] = src;
-                    }
-                }
-            }
-            seq = Some(id);
-        }
-        Ok(GlobalTable {
-            cache: self.cache.clone(),
-            seq,
+    /// A copy with its own blocks (sharing the tensors, not the pool's block ids): a snapshot
+    /// that stays valid after the scheduler gives its blocks to other sequences.
+    pub fn detached(&self) -> Self {
+        let Store::Pool { cache, ids, .. } = &self.store else {
+            return self.clone();
+        };
+        let g = lock_cache(cache);
+        let layers = self.ratios.len();
+        let blocks = ids
+            .iter()
+            .map(|&id| {
+                let at = |p: usize| -> Vec<Option<T>> {
+                    (0..layers)
+                        .map(|l| g.blocks[p][l].get(id as usize).cloned().flatten())
+                        .collect()
+                };
+                [at(0), at(1)]
+            })
+            .collect();
+        GlobalTable {
+            ratios: self.ratios.clone(),
+            store: Store::Own {
+                block_tokens: g.block_tokens,
+                blocks,
+            },
             counts: self.counts.clone(),
-        })
+        }
     }
-}
 
-impl<T: Clone> Clone for GlobalTable<T> {
-    /// [`GlobalTable::try_clone`], for code that sized the pool itself.
-    ///
-    /// Panics if the block pool has no free block left for the copy; the runtime uses
-    /// [`GlobalTable::try_clone`] (through [`crate::SeqState::try_clone`]) and never panics.
-    fn clone(&self) -> Self {
-        #[allow(clippy::expect_used)]
-        self.try_clone()
-            .expect("global cache block pool exhausted while snapshotting a sequence")
-    }
-}
-
-impl<T> Drop for GlobalTable<T> {
-    fn drop(&mut self) {
-        if let (Some(c), Some(s)) = (&self.cache, self.seq) {
-            let mut g = c.lock().unwrap_or_else(|p| p.into_inner());
-            let table = g.kv.block_table(s).map(<[_]>::to_vec).unwrap_or_default();
-            let _ = g.kv.free(s);
-            // Blocks no sequence holds any more give their tensors back.
-            for id in table {
-                if g.kv.pool().ref_count(id) == Ok(0) {
-                    for part in g.blocks.iter_mut() {
-                        for layer in part.iter_mut() {
-                            if let Some(slot) = layer.get_mut(id as usize) {
-                                *slot = None;
-                            }
-                        }
+    /// Write this table's entries of the logical pool blocks `(index, id)` into `cache` at
+    /// `id` (a prefix brought back from a slower tier into blocks the scheduler imported).
+    /// Every named block must be full in this table.
+    pub fn write_blocks<B: Backend<Tensor = T>>(
+        &self,
+        be: &B,
+        cache: &SharedGlobalCache<T>,
+        blocks: &[(usize, BlockId)],
+    ) -> R<()> {
+        let bt = lock_cache(cache).block_tokens;
+        for part in [GlobalPart::Entries, GlobalPart::IndexKeys] {
+            for layer in 0..self.ratios.len() {
+                let r = self.ratios[layer];
+                if r == 0 {
+                    continue;
+                }
+                let Some(all) = self.gather(be, part, layer)? else {
+                    continue;
+                };
+                let per = bt / r;
+                let mut g = lock_cache(cache);
+                for &(index, id) in blocks {
+                    g.check_id(id)?;
+                    if (index + 1) * per > all.shape()[0] {
+                        return Err(ModelError::Input(format!(
+                            "the state holds no full block {index} to import"
+                        )));
                     }
+                    let t = be.narrow(&all, 0, index * per, per)?;
+                    *slot(&mut g.blocks[part as usize][layer], id) = Some(t);
                 }
             }
         }
+        Ok(())
     }
 }

@@ -54,15 +54,6 @@ pub enum ModelError {
     /// Bad input to a forward call.
     #[error("invalid input: {0}")]
     Input(String),
-    /// The global-state block pool ([`Model::set_global_cache_blocks`]) has too few free
-    /// blocks for a forward call or a state snapshot.
-    #[error("global cache pool exhausted: needed {needed} block(s), {available} free")]
-    GlobalCacheFull {
-        /// Blocks the operation needed.
-        needed: usize,
-        /// Blocks that were free.
-        available: usize,
-    },
     /// A device result was read back on a thread inside a launch phase (the runtime's
     /// debug check for host–device synchronisation while a step is in flight).
     #[error("host-device synchronisation inside the launch phase: {0}")]
@@ -88,10 +79,10 @@ pub struct Model<B: Backend> {
     pub(crate) global: SharedGlobalCache<B::Tensor>,
     /// Per layer and routed expert: token rows routed there (when counting is on).
     pub(crate) expert_load: Option<Vec<Vec<std::sync::atomic::AtomicU64>>>,
+    /// `[part][layer]`: global entries a state holds after one global block of positions
+    /// (which layers own entries and indexer keys), found by a probe forward on first use.
+    global_counts: std::sync::OnceLock<[Vec<usize>; 2]>,
 }
-
-/// Blocks in a model's global cache (block ids only; tensors are made as blocks fill).
-pub const GLOBAL_CACHE_BLOCKS: usize = 1 << 16;
 
 /// Positions per global block: the least multiple of every compression ratio and of 32.
 fn global_block_tokens(ratios: &[usize]) -> usize {
@@ -196,8 +187,10 @@ impl<B: Backend> Model<B> {
         }
         .inv_freq();
         let ones_d = be.upload_f32(&vec![1.0; cfg.hidden_size], &[1, cfg.hidden_size])?;
+        // No pool until an engine sizes one (`set_global_pool`); states outside an engine
+        // keep their own blocks.
         let global = std::sync::Arc::new(std::sync::Mutex::new(GlobalCache::new(
-            GLOBAL_CACHE_BLOCKS,
+            0,
             global_block_tokens(&cfg.compress_ratios),
             &cfg.compress_ratios,
         )?));
@@ -213,6 +206,7 @@ impl<B: Backend> Model<B> {
             decoder_replay: false,
             global,
             expert_load: None,
+            global_counts: std::sync::OnceLock::new(),
         })
     }
 
@@ -347,43 +341,92 @@ impl<B: Backend> Model<B> {
         res
     }
 
+    /// A state at position `history.len()` (a multiple of every compression ratio) whose
+    /// global entries are all in the pool and which keeps no window state: no window rows,
+    /// no open or previous compressor rows, no drafter windows. What a prefix hit whose window
+    /// state is missing resumes from before [`Model::rebuild_window`] (bounded replay).
+    pub fn windowless_state(&self, history: &[u32]) -> Result<SeqState<B::Tensor>, ModelError> {
+        let bt = self.global_block_tokens();
+        let q = history.len();
+        if let Some(r) = self
+            .cfg
+            .compress_ratios
+            .iter()
+            .find(|&&r| r > 0 && !q.is_multiple_of(r))
+        {
+            return Err(ModelError::Input(format!(
+                "a windowless state at position {q}: not a multiple of compression ratio {r}"
+            )));
+        }
+        let per_block = match self.global_counts.get() {
+            Some(c) => c.clone(),
+            None => {
+                let mut probe = self.new_state();
+                let toks = vec![0u32; bt];
+                self.forward(
+                    &mut [BatchItem {
+                        state: &mut probe,
+                        tokens: &toks,
+                    }],
+                    Logits::Last,
+                    None,
+                )?;
+                let layers = self.cfg.num_layers;
+                let c = [GlobalPart::Entries, GlobalPart::IndexKeys]
+                    .map(|p| (0..layers).map(|l| probe.global.count(p, l)).collect());
+                self.global_counts.get_or_init(|| c).clone()
+            }
+        };
+        let mut st = self.new_state();
+        st.pos = q;
+        st.history = history.to_vec();
+        st.global
+            .set_counts(per_block.map(|v| v.into_iter().map(|n| n * q / bt).collect()));
+        Ok(st)
+    }
+
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.be
     }
 
-    /// A fresh sequence state.
+    /// A fresh sequence state with its own global blocks (an engine moves it onto its pool,
+    /// see [`GlobalTable::attach`]).
     pub fn new_state(&self) -> SeqState<B::Tensor> {
+        let ratios: std::sync::Arc<[usize]> = self.cfg.compress_ratios.clone().into();
+        #[allow(clippy::expect_used)]
+        let global = GlobalTable::new(ratios, self.global_block_tokens())
+            .expect("global_block_tokens is a multiple of every compression ratio");
         SeqState::with_global(
             self.cfg.num_layers,
             self.cfg.dspark.as_ref().map(|d| d.stages).unwrap_or(0),
-            Some(self.global.clone()),
+            global,
         )
     }
 
-    /// Blocks in the global-state pool.
+    /// Blocks in the engine's global-state pool (0 until one is set).
     pub fn global_cache_blocks(&self) -> usize {
-        global::lock_cache(&self.global)
-            .block_manager()
-            .pool()
-            .num_blocks()
+        global::lock_cache(&self.global).num_blocks()
     }
 
-    /// Re-size the global-state block pool (compressed entries and indexer keys of every
-    /// sequence, snapshots included) to `num_blocks` blocks. Only while no state holds a block.
-    pub fn set_global_cache_blocks(&mut self, num_blocks: usize) -> Result<(), ModelError> {
-        let mut g = global::lock_cache(&self.global);
-        if g.used_blocks() > 0 {
-            return Err(ModelError::Input(
-                "the global cache can be re-sized only while no state holds a block".into(),
-            ));
-        }
-        *g = GlobalCache::new(
-            num_blocks,
-            global_block_tokens(&self.cfg.compress_ratios),
-            &self.cfg.compress_ratios,
-        )?;
+    /// Give the model an engine's pool of `num_blocks` global-state blocks of `block_tokens`
+    /// positions, addressed by the block ids of the engine's scheduler (its block size must
+    /// be a multiple of every compression ratio). Tensors of an earlier pool are dropped.
+    pub fn set_global_pool(
+        &mut self,
+        num_blocks: usize,
+        block_tokens: usize,
+    ) -> Result<(), ModelError> {
+        let pool = GlobalCache::new(num_blocks, block_tokens, &self.cfg.compress_ratios)?;
+        *global::lock_cache(&self.global) = pool;
         Ok(())
+    }
+
+    /// Execute a step plan's block copies in the global-state pool (the copy-on-write of a
+    /// forked sequence's last block), before any forward reads the copies.
+    pub fn copy_global_blocks(&self, copies: &[deepinfer_kv::CopyOp]) -> Result<(), ModelError> {
+        let mut g = global::lock_cache(&self.global);
+        copies.iter().try_for_each(|c| g.copy_block(c.src, c.dst))
     }
 
     /// Positions per global-state block.

@@ -8,11 +8,12 @@
 //!   compressors, the last complete group), the token history for the Engram look-back, and
 //!   the DSpark stages' context windows.
 //!
-//! The global state lives in the model's paged [`super::global::GlobalCache`], read and
-//! written through the sequence's [`GlobalTable`] (block ids from `deepinfer-kv`);
+//! The global state lives in paged blocks, read and written through the sequence's
+//! [`GlobalTable`]: in an engine, the blocks of the scheduler's `deepinfer-kv` block table in
+//! the model's [`super::global::GlobalCache`]; outside one, blocks of its own.
 //! [`SeqState::global_entries`] reports its size.
 
-use super::global::{GlobalPart, GlobalTable, SharedGlobalCache};
+use super::global::{GlobalPart, GlobalTable};
 
 /// Open rows of one compressor: raw value and gate projections not yet pooled, plus (for
 /// overlapping compressors) the rows of the last complete group.
@@ -52,23 +53,27 @@ pub struct SeqState<T> {
     pub dspark_window: Vec<Option<T>>,
 }
 
-impl<T: Clone> SeqState<T> {
-    /// A fresh sequence for a model with `layers` backbone layers and `stages` drafter stages,
-    /// without a global cache (it cannot hold compressed entries; see `Model::new_state`).
-    pub fn new(layers: usize, stages: usize) -> Self {
-        Self::with_global(layers, stages, None)
-    }
-
-    /// [`SeqState::new`] whose global state lives in `cache`.
-    pub fn with_global(layers: usize, stages: usize, cache: Option<SharedGlobalCache<T>>) -> Self {
+impl<T: Clone + deepinfer_kernels::TensorInfo> SeqState<T> {
+    /// A fresh sequence for a model with `layers` backbone layers and `stages` drafter stages
+    /// whose global state is `global` (see `Model::new_state`).
+    pub fn with_global(layers: usize, stages: usize, global: GlobalTable<T>) -> Self {
         SeqState {
             pos: 0,
             history: Vec::new(),
             window: (0..layers).map(|_| None).collect(),
-            global: GlobalTable::new(layers, cache),
+            global,
             compressor: (0..layers).map(|_| CompressorState::default()).collect(),
             index_compressor: (0..layers).map(|_| CompressorState::default()).collect(),
             dspark_window: (0..stages).map(|_| None).collect(),
+        }
+    }
+
+    /// A snapshot that no longer names the pool's blocks (see [`GlobalTable::detached`]):
+    /// what a slower cache tier keeps.
+    pub fn detached(&self) -> Self {
+        SeqState {
+            global: self.global.detached(),
+            ..self.clone()
         }
     }
 }
@@ -82,22 +87,7 @@ impl<T> SeqState<T> {
     }
 }
 
-impl<T: Clone> SeqState<T> {
-    /// A snapshot (for rollback or prefix reuse) that fails with
-    /// [`super::ModelError::GlobalCacheFull`] instead of panicking when the global block pool
-    /// cannot hold the copy of the partly filled last block. `Clone` panics in that case.
-    pub fn try_clone(&self) -> Result<Self, super::ModelError> {
-        Ok(SeqState {
-            pos: self.pos,
-            history: self.history.clone(),
-            window: self.window.clone(),
-            global: self.global.try_clone()?,
-            compressor: self.compressor.clone(),
-            index_compressor: self.index_compressor.clone(),
-            dspark_window: self.dspark_window.clone(),
-        })
-    }
-
+impl<T: Clone + deepinfer_kernels::TensorInfo> SeqState<T> {
     /// Compressed entries held per layer (0 where the layer owns none).
     pub fn global_entries(&self) -> Vec<usize> {
         (0..self.window.len())

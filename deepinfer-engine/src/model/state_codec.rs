@@ -203,10 +203,9 @@ where
         Ok(())
     }
 
-    /// The state `bytes` hold, rebuilt on this model (its global rows in fresh blocks of the
-    /// model's global cache). Fails with [`ModelError::Input`] (from a [`StateFormatError`])
-    /// on bytes of another identity or format, or that do not fit this model, and with
-    /// [`ModelError::GlobalCacheFull`] when the global cache has no room.
+    /// The state `bytes` hold, rebuilt on this model (its global rows in blocks of its own).
+    /// Fails with [`ModelError::Input`] (from a [`StateFormatError`]) on bytes of another
+    /// identity or format, or that do not fit this model.
     pub fn decode_state(
         &self,
         bytes: &[u8],

@@ -56,6 +56,9 @@ pub(crate) struct Dev<T> {
     pub hist: Vec<u32>,
     /// Input-token buffer, reused from step to step.
     pub rows: Vec<u32>,
+    /// Bounded replay: the state is windowless and its last this many tokens are replayed
+    /// ([`Model::rebuild_window`]) before the step's rows.
+    pub rebuild_window: usize,
 }
 
 impl<T> Default for Dev<T> {
@@ -66,6 +69,7 @@ impl<T> Default for Dev<T> {
             next_draft: None,
             hist: Vec::new(),
             rows: Vec::new(),
+            rebuild_window: 0,
         }
     }
 }
@@ -150,9 +154,6 @@ pub(crate) struct JobOut<T> {
 /// A step's work.
 pub(crate) struct Job<T> {
     pub seqs: Vec<JobSeq<T>>,
-    /// Global-state blocks this step may need to grow its sequences: prefix snapshots are
-    /// taken only while more than this many stay free.
-    pub reserve: usize,
     /// The expert placement this step runs with (expert parallelism).
     pub placement: Option<Arc<ExpertPlacement>>,
 }
@@ -185,7 +186,6 @@ where
 {
     let Job {
         mut seqs,
-        reserve,
         placement,
     } = job;
     let with_placement;
@@ -203,6 +203,15 @@ where
     let words = v.div_ceil(32);
     let mut st = DevStats::default();
     let mut snapshots = Vec::new();
+    let tf = Instant::now();
+    for s in seqs.iter_mut() {
+        let w = std::mem::take(&mut s.dev.rebuild_window);
+        if let (Some(state), true) = (s.dev.state.as_mut(), w > 0) {
+            let tail = state.history[state.pos.saturating_sub(w)..].to_vec();
+            model.rebuild_window(state, &tail)?;
+        }
+    }
+    st.forward_ms += ms_since(tf);
     let mut sc: Vec<Scratch<B::Tensor>> = seqs
         .iter()
         .map(|_| Scratch {
@@ -252,9 +261,9 @@ where
         let (Some(ids), Some(state)) = (ids, s.dev.state.as_ref()) else {
             continue;
         };
-        // No room in the global pool for the rollback snapshot: verify nothing this step.
-        if let Ok(snap) = state.try_clone() {
-            x.snap = Some(snap);
+        // The rollback point: the same blocks, the entry counts of now.
+        {
+            x.snap = Some(state.clone());
             x.drafts = ids.len();
             st.draft_tokens += ids.len() as u64;
             st.spec_rows += 1;
@@ -294,7 +303,6 @@ where
         forward_set(
             model,
             cfg,
-            reserve,
             &mut seqs,
             &mut sc,
             piece,
@@ -306,7 +314,6 @@ where
     forward_set(
         model,
         cfg,
-        reserve,
         &mut seqs,
         &mut sc,
         |s, x| (x.drafts > 0).then_some(0..s.dev.rows.len()),
@@ -375,7 +382,6 @@ where
         forward_set(
             model,
             cfg,
-            reserve,
             &mut seqs,
             &mut sc,
             pick,
@@ -485,7 +491,6 @@ where
 fn forward_set<B: Backend>(
     model: &Model<B>,
     cfg: &JobCfg,
-    reserve: usize,
     seqs: &mut [JobSeq<B::Tensor>],
     sc: &mut [Scratch<B::Tensor>],
     mut pick: impl FnMut(&JobSeq<B::Tensor>, &Scratch<B::Tensor>) -> Option<std::ops::Range<usize>>,
@@ -539,27 +544,13 @@ where
         } else if let (Some(b), Some(state)) = (cfg.snapshot_block, seqs[i].dev.state.as_ref())
             && state.pos.is_multiple_of(b)
             && state.pos > 0
-            // Too little room in the global pool: skip the snapshot (it only saves
-            // recomputation; the step's sequences must still be able to grow).
-            && free_global_blocks(model) > reserve
-            && let Ok(snap) = state.try_clone()
         {
-            snapshots.push((seqs[i].fx.params.cache_class, snap));
+            // Detached: the scheduler may give these blocks to other sequences later.
+            snapshots.push((seqs[i].fx.params.cache_class, state.detached()));
         }
         x.logits = row;
     }
     Ok(())
-}
-
-/// Free blocks of the model's global-state pool.
-pub(crate) fn free_global_blocks<B: Backend>(model: &Model<B>) -> usize
-where
-    B::Tensor: Clone,
-{
-    model
-        .global_cache()
-        .lock()
-        .map_or(0, |g| g.block_manager().pool().num_free())
 }
 
 /// Budgeted speculation: draft the next block now, in one drafter pass for every request

@@ -210,8 +210,8 @@ impl<T: Clone + deepinfer_kernels::TensorInfo> PrefixCache<T> {
         let _ = self.host.insert(key, Entry { tokens, state }, bytes);
     }
 
-    /// The longest host-tier state for a block-aligned prefix of `tokens` (a snapshot: its
-    /// global blocks are shared by reference count, the partly filled one copied).
+    /// The longest host-tier state for a block-aligned prefix of `tokens` (a detached
+    /// snapshot: its global entries in blocks of its own).
     pub(crate) fn lookup(&mut self, tokens: &[u32]) -> Option<SeqState<T>> {
         self.hash_chain(tokens);
         for k in (0..self.chain.len()).rev() {
@@ -219,8 +219,7 @@ impl<T: Clone + deepinfer_kernels::TensorInfo> PrefixCache<T> {
             if let Some(e) = self.host.get(self.chain[k])
                 && e.tokens == tokens[..len]
             {
-                // No room in the global pool for the copy: replay instead.
-                return e.state.try_clone().ok();
+                return Some(e.state.clone());
             }
         }
         None
@@ -336,7 +335,8 @@ mod tests {
 
     /// A state that consumed `tokens`.
     fn st(tokens: &[u32]) -> SeqState<deepinfer_kernels::CpuTensor> {
-        let mut s = SeqState::new(1, 0);
+        let global = crate::model::GlobalTable::new(vec![0usize].into(), 32).unwrap();
+        let mut s = SeqState::with_global(1, 0, global);
         s.pos = tokens.len();
         s.history = tokens.to_vec();
         s

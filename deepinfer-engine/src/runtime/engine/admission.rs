@@ -106,21 +106,47 @@ where
 
     /// Brings the longest prefix of `prompt[..cut]` whose state a slower tier holds (host, or
     /// disk: loaded into the host tier now) back into the scheduler's device pool, so the
-    /// scheduler's allocation hits it. Returns the tokens imported and the tier.
+    /// scheduler's allocation hits it; the state's entries are written into the imported
+    /// blocks before the next step runs (`pending_imports`). Returns the tokens imported and
+    /// the tier.
     pub(super) fn import_prefix(&mut self, prompt: &[u32], cut: usize) -> Option<(usize, Tier)> {
         if !self.cfg.prefix_caching || cut == 0 {
             return None;
         }
         let (len, tier) = self.prefix.reach(&self.model, &prompt[..cut])?;
+        let state = self.prefix.lookup(&prompt[..len])?;
         let bs = self.cfg.block_size;
+        let kv = self.sched.kv_mut();
         // No free block to import into: the device pool misses and the prefix is replayed
         // from the host state instead (still exact).
-        let blocks = self
-            .sched
-            .kv_mut()
+        let blocks = kv
             .import_blocks(prompt, &ExtraKeys::none(), 0, len / bs)
             .ok()?;
-        (!blocks.is_empty()).then_some((blocks.len() * bs, tier))
+        let chain = kv.prefix_hashes(&prompt[..len], &ExtraKeys::none());
+        let at: Vec<(usize, deepinfer_kv::BlockId)> = blocks
+            .iter()
+            .filter_map(|&(b, h)| Some((chain.iter().position(|&c| c == h)?, b)))
+            .collect();
+        if at.is_empty() {
+            return None;
+        }
+        let tokens = at.len() * bs;
+        self.pending_imports
+            .push(PendingImport { state, blocks: at });
+        Some((tokens, tier))
+    }
+
+    /// Write the entries of the prefixes imported since the last step into their blocks
+    /// (before any forward reads them). A state that cannot fill its blocks is a bug: the
+    /// step fails with the error rather than read missing entries.
+    pub(super) fn flush_imports(&mut self) -> Result<(), EngineError> {
+        let cache = self.model.global_cache().clone();
+        for p in std::mem::take(&mut self.pending_imports) {
+            p.state
+                .global
+                .write_blocks(self.model.backend(), &cache, &p.blocks)?;
+        }
+        Ok(())
     }
 
     pub(super) fn parser_for(&self, parsing: Option<&ParsingOptions>) -> Option<StreamParser> {
@@ -154,11 +180,9 @@ where
             let (state, strip) = match self.sched.fork(parent, sid) {
                 Ok(()) => {
                     self.metrics.forks += 1;
-                    // No room for the state copy: the child rebuilds it by replay.
-                    (
-                        p.dev.state.as_ref().and_then(|s| s.try_clone().ok()),
-                        p.strip,
-                    )
+                    // The child's blocks: the parent's full ones shared, a copy of its last
+                    // (the plan's block copy, done before the next step runs).
+                    (p.dev.state.clone(), p.strip)
                 }
                 Err(SchedError::Kv(deepinfer_kv::KvError::OutOfBlocks { .. })) => {
                     let toks = self
@@ -266,4 +290,11 @@ impl Limits {
         }
         Ok(())
     }
+}
+
+/// A prefix state from a slower tier and the pool blocks `(index in its block chain, block
+/// id)` the scheduler imported for it.
+pub(super) struct PendingImport<T> {
+    state: SeqState<T>,
+    blocks: Vec<(usize, deepinfer_kv::BlockId)>,
 }

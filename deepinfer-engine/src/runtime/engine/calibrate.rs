@@ -1,25 +1,6 @@
-//! Start-up sizing and calibration: the global-state pool, the step-time and prefill cost
-//! models, the prefix-hit rule.
+//! Start-up calibration: the step-time and prefill cost models, the prefix-hit rule.
 
 use super::*;
-
-/// The global-state pool for `cfg`: the KV pool's tokens in global blocks, plus per running
-/// sequence its partly filled block and two transient snapshots (rollback, fork), plus the
-/// prefix snapshots at their longest. Running out later only skips snapshots (or fails a
-/// step with a typed error), never panics.
-pub(super) fn default_global_blocks<B: Backend>(model: &Model<B>, cfg: &EngineConfig) -> usize
-where
-    B::Tensor: Clone,
-{
-    let bt = model.global_block_tokens().max(1);
-    let live = (cfg.num_blocks * cfg.block_size).div_ceil(bt) + 3 * cfg.max_num_seqs;
-    let snaps = if cfg.prefix_caching {
-        cfg.prefix_state_capacity * (cfg.max_model_len.div_ceil(bt) + 1)
-    } else {
-        0
-    };
-    (live + snaps).clamp(64, 1 << 22)
-}
 
 /// A step-time model for the draft planner: forward passes of 1 and 16 rows on a scratch
 /// state (best of three), extended linearly to `max_rows`; the scheduler corrects each

@@ -60,11 +60,6 @@ pub struct EngineConfig {
     /// Debug mode: with overlap, fail with [`ModelError::HostSync`] when the host thread
     /// reads device results while a step is in flight (a host–device synchronisation).
     pub sync_check: bool,
-    /// Blocks of the model's global-state pool (compressed entries and indexer keys of every
-    /// sequence and snapshot). `None`: sized from this configuration (KV pool, sequences,
-    /// prefix snapshots). When it runs out, snapshots are skipped (recomputed instead) and a
-    /// forward that cannot grow fails with [`ModelError::GlobalCacheFull`].
-    pub global_cache_blocks: Option<usize>,
     /// Time-budgeted chunked prefill: each step prefills the largest chunks the scheduler's
     /// cost model `cost(q, c)` predicts to fit this many milliseconds together with the
     /// step's decode rows (at least `min_chunk_tokens` when nothing else runs). The model
@@ -75,6 +70,12 @@ pub struct EngineConfig {
     /// rule: a hit reuses at most `L − window − spec_slack` prompt tokens, L − 134 for
     /// V4.1-Flash's window of 128 with the default 6). Independent of `spec_drafts`.
     pub spec_slack: usize,
+    /// Bounded replay: a prefix hit whose window state is not stored resumes from a state
+    /// without one and replays only the last `sliding_window` tokens before the hit (window
+    /// attention then sees no rows before the replay, compressor overlap rows are lost), as
+    /// production engines do, instead of recomputing exactly from the nearest stored state
+    /// or from position 0 (`false`, the default). Approximate: see the engine README.
+    pub bounded_replay: bool,
     /// Expert parallelism over this many in-process ranks (1: off): each forward splits its
     /// sequences over the ranks (data-parallel attention) and the ranks exchange token rows
     /// with the rank holding each routed expert at every MoE layer ([`Model::forward_ep`]);
@@ -123,9 +124,9 @@ impl Default for EngineConfig {
             draft_calibration: None,
             overlap: true,
             sync_check: false,
-            global_cache_blocks: None,
             step_time_budget_ms: None,
             spec_slack: 6,
+            bounded_replay: false,
             expert_parallel: 1,
             eplb_interval: None,
         }

@@ -17,8 +17,11 @@ where
     ) -> Result<(Job<B::Tensor>, bool), EngineError> {
         let mut job = Vec::with_capacity(plan.num_groups());
         let mut drain = false;
-        let bt = self.model.global_block_tokens().max(1);
-        let mut reserve = 0;
+        // Entries before blocks are read: imported prefixes, then the plan's copies (a
+        // forked sequence's last block).
+        self.flush_imports()?;
+        self.model.copy_global_blocks(&plan.block_copies)?;
+        let cache = self.model.global_cache().clone();
         let max_len = self
             .cfg
             .max_model_len
@@ -52,16 +55,21 @@ where
             if end > toks.len() {
                 return Err(EngineError::Sched(SchedError::UnknownRequest(sid)));
             }
-            if l.dev.state.as_ref().is_none_or(|s| s.pos != start) {
-                let st = match self.prefix.lookup(&toks[..start]) {
-                    Some(s) => {
-                        self.metrics.state_snapshot_hits += 1;
-                        s
-                    }
-                    None => self.model.new_state(),
-                };
-                self.metrics.replayed_tokens += (start - st.pos) as u64;
-                l.dev.state = Some(st);
+            let ids = self.sched.kv().block_table(sid).map_err(SchedError::Kv)?;
+            match l.dev.state.as_mut() {
+                Some(s) if s.pos == start => s.global.set_block_ids(ids),
+                _ => {
+                    let (st, w) = resume_state(
+                        &mut self.prefix,
+                        &mut self.metrics,
+                        &self.model,
+                        self.cfg.bounded_replay,
+                        (&toks[..start], ids),
+                        &cache,
+                    )?;
+                    l.dev.state = Some(st);
+                    l.dev.rebuild_window = w;
+                }
             }
             let from = l.dev.state.as_ref().map_or(0, |s| s.pos);
             let mut dev = std::mem::take(&mut l.dev);
@@ -79,7 +87,6 @@ where
                 (l.fx.params.max_tokens + l.fx.prompt_len).saturating_sub(toks.len() + 1);
             let left_ctx = max_len.saturating_sub(toks.len() + 1);
             let drafts = drafts.min(left_new).min(left_ctx);
-            reserve += (dev.rows.len() + drafts).div_ceil(bt) + 1;
             job.push(JobSeq {
                 sid,
                 fx: l.fx.clone(),
@@ -92,12 +99,9 @@ where
                 forced,
             });
         }
-        // Old prefix snapshots give way to the sequences of this step.
-        while free_global_blocks(&self.model) < reserve && self.prefix.evict_lru() {}
         Ok((
             Job {
                 seqs: job,
-                reserve,
                 placement: self.placement.clone(),
             },
             drain,
@@ -147,4 +151,42 @@ where
             m.drafts_accepted_at[p] += s.drafts_accepted_at[p];
         }
     }
+}
+
+/// The state a sequence resumes from at `tokens.len()`, the scheduler's resume point, on
+/// the pool blocks `ids`, whose first `tokens.len()` positions hold their entries (a
+/// prefix hit or an import): the longest stored state at or below it, whose tokens up to
+/// the resume point the first forward replays (exact); with bounded replay, when that
+/// replay would be longer than the window, a windowless state whose last window of
+/// tokens is replayed on the device before the step's rows (the returned count).
+fn resume_state<B: Backend>(
+    prefix: &mut PrefixCache<B::Tensor>,
+    metrics: &mut Metrics,
+    model: &Model<B>,
+    bounded_replay: bool,
+    (tokens, ids): (&[u32], &[deepinfer_kv::BlockId]),
+    cache: &crate::model::SharedGlobalCache<B::Tensor>,
+) -> Result<(SeqState<B::Tensor>, usize), EngineError>
+where
+    B::Tensor: Clone,
+{
+    let start = tokens.len();
+    let mut st = match prefix.lookup(tokens) {
+        Some(s) => {
+            metrics.state_snapshot_hits += 1;
+            s
+        }
+        None => model.new_state(),
+    };
+    let w = model.cfg.sliding_window.min(start);
+    if bounded_replay && start - st.pos > w && w > 0 {
+        let mut b = model.windowless_state(tokens)?;
+        b.global.attach(cache.clone(), ids, start);
+        metrics.replayed_tokens += w as u64;
+        metrics.bounded_replays += 1;
+        return Ok((b, w));
+    }
+    metrics.replayed_tokens += (start - st.pos) as u64;
+    st.global.attach(cache.clone(), ids, start);
+    Ok((st, 0))
 }

@@ -68,6 +68,9 @@ pub struct Metrics {
     pub state_snapshot_hits: u64,
     /// Tokens replayed to rebuild a state no snapshot covered.
     pub replayed_tokens: u64,
+    /// Prefix hits resumed by bounded replay (`EngineConfig::bounded_replay`): a windowless
+    /// state and the last window of tokens replayed.
+    pub bounded_replays: u64,
     /// Preemptions.
     pub preemptions: u64,
     /// Prefix model-state snapshots held now.

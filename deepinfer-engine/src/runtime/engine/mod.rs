@@ -42,14 +42,12 @@
 //! Metrics split host time into what ran while a step computed ([`Metrics::hidden_ms`]) and
 //! what did not.
 
-use super::device::{
-    Dev, DevStats, Fixed, Job, JobCfg, JobOut, JobSeq, Tok, free_global_blocks, run_job,
-};
+use super::device::{Dev, DevStats, Fixed, Job, JobCfg, JobOut, JobSeq, Tok, run_job};
 use super::prefix_cache::{DiskTierConfig, PrefixCache};
 use super::request::GrammarConstraint;
 use super::request::{FinishReason, Output, Request, RequestId, Timing, TokenLogprob, Usage};
 use crate::model::sync::LaunchPhase;
-use crate::{BatchItem, Logits, Model, ModelError};
+use crate::{BatchItem, Logits, Model, ModelError, SeqState};
 use deepinfer_kernels::Backend;
 use deepinfer_kv::{BlockManager, BlockManagerConfig, ExtraKeys, HitRule, Tier};
 use deepinfer_recipe::parser::{Assembled, BackendFinish, Event, FinishReason as ParseFinish};
@@ -77,7 +75,8 @@ mod metrics;
 mod pool;
 mod step;
 
-use calibrate::{calibrate, calibrate_prefill, default_global_blocks, hit_rule};
+use admission::PendingImport;
+use calibrate::{calibrate, calibrate_prefill, hit_rule};
 pub use config::{EngineConfig, SpecBudget};
 use events::Offline;
 pub use events::StreamEvent;
@@ -124,6 +123,9 @@ pub struct Engine<B: Backend> {
     sched: Scheduler,
     tokenizer: Option<Arc<PromptTokenizer>>,
     prefix: PrefixCache<B::Tensor>,
+    /// Prefix states brought back from a slower tier whose entries must be written into the
+    /// blocks the scheduler imported for them before the next step runs.
+    pending_imports: Vec<PendingImport<B::Tensor>>,
     metrics: Metrics,
     /// Recent step wall times, ms (the last [`STEP_HISTORY`] at most).
     step_times: Vec<f32>,
@@ -160,8 +162,8 @@ where
     B::Tensor: Clone,
 {
     /// An engine over `model`. Sizes the KV pool ([`EngineConfig::kv_cache_memory`],
-    /// [`EngineConfig::block_size`]) and the model's global-state block pool
-    /// ([`EngineConfig::global_cache_blocks`], while no state holds a block).
+    /// [`EngineConfig::block_size`]), the one pool of the scheduler's block tables and the
+    /// model's paged global state.
     pub fn new(mut model: Model<B>, mut cfg: EngineConfig) -> Result<Self, EngineError> {
         // The pool as configured: its block size and count, from here on in `cfg`.
         let pool = pool::size_pool(&model, &cfg)?;
@@ -187,24 +189,15 @@ where
                 )));
             }
         }
-        let want = cfg
-            .global_cache_blocks
-            .unwrap_or_else(|| default_global_blocks(&model, &cfg));
-        if want == 0 {
-            return Err(EngineError::Config(
-                "global_cache_blocks must be positive".into(),
-            ));
-        }
-        let free = model.global_cache().lock().map_or(0, |g| g.used_blocks()) == 0;
-        if model.global_cache_blocks() != want {
-            if free {
-                model.set_global_cache_blocks(want)?;
-            } else if cfg.global_cache_blocks.is_some() {
-                return Err(EngineError::Config(
-                    "global_cache_blocks: the model's global cache is in use by other states"
-                        .into(),
-                ));
-            }
+        // One pool: the model's compressed entries and indexer keys live at the block ids
+        // of the scheduler's block tables.
+        model
+            .set_global_pool(pool.num_blocks, pool.block_size)
+            .map_err(|e| EngineError::Config(format!("block size {}: {e}", pool.block_size)))?;
+        if cfg.bounded_replay {
+            // Which layers own global entries: found once here, by a probe forward on this
+            // thread, not later on the step loop's.
+            model.windowless_state(&vec![0; model.global_block_tokens()])?;
         }
         let sched = Self::make_scheduler(&model, &cfg)?;
         let prefix = Self::make_prefix_cache(&model, &cfg)?;
@@ -237,6 +230,7 @@ where
             sched,
             tokenizer: None,
             prefix,
+            pending_imports: Vec::new(),
             metrics: Metrics::default(),
             step_times: Vec::new(),
             kv_peak: 0,
@@ -410,6 +404,7 @@ where
             "host_states": {"entries": m.prefix_states, "bytes": self.prefix.host_bytes()},
             "disk_states": {"written": m.disk_writes, "rejected": m.disk_rejected},
             "replayed_tokens": m.replayed_tokens,
+            "bounded_replays": m.bounded_replays,
             "generated_tokens": m.generated_tokens,
             "preemptions": m.preemptions,
             "steps": m.steps,
@@ -430,8 +425,8 @@ where
         self.sched.kv().pool().usage().used
     }
 
-    /// Forget every cached prefix: the host tier's states (and the global-cache blocks they
-    /// hold) and the device pool's cached blocks. The persistent tier keeps its files.
+    /// Forget every cached prefix: the host tier's states and the device pool's cached
+    /// blocks. The persistent tier keeps its files.
     pub fn reset_prefix_cache(&mut self) {
         while self.prefix.evict_lru() {}
         self.sched.kv_mut().evict_cached(usize::MAX);
