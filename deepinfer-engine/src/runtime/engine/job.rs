@@ -75,8 +75,10 @@ where
             let mut dev = std::mem::take(&mut l.dev);
             dev.rows.clear();
             dev.rows.extend_from_slice(&toks[from..end]);
-            // Split at the snapshot point so a later identical prefix can resume there.
-            let splits = self.snapshot_points(from, end, l.cut);
+            // Split at the snapshot points so a later identical prefix can resume there: the
+            // prompt's cut, and a hit's resume point that had to be replayed to (where
+            // prompts sharing this prefix diverged, so the next one resumes without replay).
+            let splits = self.snapshot_points(from, end, [l.cut, start]);
             let forced = if samples { l.forced } else { None };
             drain |= forced.is_some();
             let sample = samples && forced.is_none();
@@ -109,10 +111,10 @@ where
     }
 
     /// Offsets inside a prefill of positions `from..end` where the forward pauses so a
-    /// prefix state is kept: every multiple of `prefix_state_interval` and the prompt's
-    /// largest reusable prefix `cut` (so prompts that share only a prefix with this one, or
-    /// extend it, resume near where they diverge).
-    pub(super) fn snapshot_points(&self, from: usize, end: usize, cut: usize) -> Vec<usize> {
+    /// prefix state is kept: every multiple of `prefix_state_interval` and the `marks` (the
+    /// prompt's largest reusable prefix, so prompts that share only a prefix with this one or
+    /// extend it resume near where they diverge; a replayed hit's resume point).
+    pub(super) fn snapshot_points(&self, from: usize, end: usize, marks: [usize; 2]) -> Vec<usize> {
         if !self.cfg.prefix_caching {
             return Vec::new();
         }
@@ -127,9 +129,12 @@ where
                 .take_while(|&p| p < end)
                 .collect(),
         };
-        if from < cut && cut < end {
-            at.push(cut);
-        }
+        let bs = self.cfg.block_size.max(1);
+        at.extend(
+            marks
+                .into_iter()
+                .filter(|&c| from < c && c < end && c.is_multiple_of(bs)),
+        );
         at.sort_unstable();
         at.dedup();
         at.iter().map(|p| p - from).collect()
