@@ -6,6 +6,7 @@
 //!
 //! `cargo bench -p deepinfer-engine --bench expert_parallel`
 
+mod common;
 use deepinfer_engine::model::{ExpertParallel, ExpertPlacement};
 use deepinfer_engine::runtime::load_default;
 use deepinfer_engine::{BatchItem, Logits, Model};
@@ -18,17 +19,7 @@ const DECODE: usize = 16;
 
 fn prompts() -> Vec<Vec<u32>> {
     (0..SEQS as u64)
-        .map(|s| {
-            let mut x = s.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            (0..PROMPT)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x % 90_000) as u32 + 100
-                })
-                .collect()
-        })
+        .map(|s| common::tokens(s, PROMPT))
         .collect()
 }
 

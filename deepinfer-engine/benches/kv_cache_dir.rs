@@ -11,22 +11,12 @@
 //! The state files are read back from the page cache (they were just written); a cold
 //! SSD adds its read time. `cargo bench -p deepinfer-engine --bench kv_cache_dir`
 
+mod common;
+use common::tokens;
 use deepinfer_engine::runtime::{Engine, EngineConfig, GenParams, Output, Request, load_default};
 use deepinfer_kernels::CpuBackend;
 use std::path::Path;
 use std::time::Instant;
-
-fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 90_000) as u32 + 100
-        })
-        .collect()
-}
 
 fn shared_requests(prefix: usize, n: u64, tail_seed: u64) -> Vec<Request> {
     let shared = tokens(7, prefix);

@@ -9,22 +9,12 @@
 //! Run twice: exact (a hit replays from the nearest stored state) and `bounded_replay`.
 //! `cargo bench -p deepinfer-engine --bench shared_prefix` (env `REQUESTS`, `PREFIX`).
 
+mod common;
+use common::tokens;
 use deepinfer_engine::runtime::{Engine, EngineConfig, GenParams, Request, load_default};
 use deepinfer_kernels::CpuBackend;
 use deepinfer_kv::{AllocateOptions, BlockManager, BlockManagerConfig, HitRule};
 use std::time::Instant;
-
-fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 90_000) as u32 + 100
-        })
-        .collect()
-}
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)

@@ -114,32 +114,25 @@ fn a_state_writing_past_its_block_table_is_an_error_not_a_panic() {
     let mut m = load("v41-tiny-dev");
     m.set_global_pool(4, BLOCK).unwrap();
     let toks = prompt(1, 40);
-    let mut st = m.new_state();
+    // A forward of 40 positions over a state attached at `ids`: its error.
+    let err = |ids: &[u32]| {
+        let mut st = m.new_state();
+        st.global.attach(m.global_cache().clone(), ids, 0);
+        let r = m.forward(
+            &mut [BatchItem {
+                state: &mut st,
+                tokens: &toks,
+            }],
+            Logits::Last,
+            None,
+        );
+        r.unwrap_err().to_string()
+    };
     // One block for 40 positions: the second block's entries have nowhere to go.
-    st.global.attach(m.global_cache().clone(), &[0], 0);
-    let r = m.forward(
-        &mut [BatchItem {
-            state: &mut st,
-            tokens: &toks,
-        }],
-        Logits::Last,
-        None,
-    );
-    let e = r.unwrap_err().to_string();
+    let e = err(&[0]);
     assert!(e.contains("block table"), "{e}");
     // Ids outside the pool are refused too.
-    let mut st = m.new_state();
-    st.global
-        .attach(m.global_cache().clone(), &[9, 10, 11, 12, 13], 0);
-    let r = m.forward(
-        &mut [BatchItem {
-            state: &mut st,
-            tokens: &toks,
-        }],
-        Logits::Last,
-        None,
-    );
-    assert!(r.unwrap_err().to_string().contains("outside the pool"));
+    assert!(err(&[9, 10, 11, 12, 13]).contains("outside the pool"));
     // A block size that is not a multiple of the compression ratios is refused.
     let r = *m.cfg.compress_ratios.iter().max().unwrap();
     assert!(r > 1);

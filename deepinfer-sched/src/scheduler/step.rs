@@ -297,8 +297,8 @@ impl Scheduler {
         if provisional && (r.inflight > 2 || (r.inflight == 2 && !depth2_ok)) {
             return DecodeOutcome::Done;
         }
-        // Decode row: input at `known - 1`, or a placeholder after the tokens
-        // still being sampled by the steps in flight.
+        // Decode row: input at `known - 1`, or (provisional) at the position after
+        // the tokens the steps in flight are still sampling.
         let pending_tokens = usize::from(r.sampling_rows);
         let position = if provisional {
             known + pending_tokens - 1
