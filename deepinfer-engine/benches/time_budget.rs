@@ -1,12 +1,13 @@
 //! Time-budgeted chunked prefill on the embedded default model: 32 requests decode while a
-//! 4,000-token prompt is prefilled alongside. Prints the decode-only step time and the p99
-//! step time of the mixed phase without and with `step_time_budget_ms` (1.4 × the
-//! decode-only step, or `DEEPINFER_BUDGET_FACTOR` ×), each run back to back in this process.
+//! 4,000-token prompt is prefilled alongside. Prints the decode-only step time and, without
+//! and with `step_time_budget_ms` (1.4 × the decode-only step, or `DEEPINFER_BUDGET_FACTOR`
+//! ×), the p99 of the steps that hold decode rows (the step time a decoding request sees)
+//! and of all steps, each run back to back in this process.
 //!
 //! `cargo bench -p deepinfer-engine --bench time_budget`
 
 use deepinfer_engine::runtime::{
-    Engine, EngineConfig, GenParams, Request, StepTimes, load_default,
+    Engine, EngineConfig, GenParams, Request, StepRecord, StepTimes, load_default,
 };
 use deepinfer_kernels::CpuBackend;
 
@@ -34,7 +35,7 @@ fn requests(long: bool) -> Vec<Request> {
 }
 
 /// Step times after the first (the short prompts' prefill).
-fn run(budget: Option<f64>, long: bool) -> Vec<f32> {
+fn run(budget: Option<f64>, long: bool) -> Vec<StepRecord> {
     let model = load_default(CpuBackend::new()).expect("the embedded default model");
     let mut e = Engine::new(
         model,
@@ -46,37 +47,44 @@ fn run(budget: Option<f64>, long: bool) -> Vec<f32> {
     )
     .expect("engine");
     e.generate(requests(long)).expect("generate");
-    e.step_time_history()[1..].to_vec()
+    e.step_history()[1..].to_vec()
+}
+
+fn report(label: &str, steps: &[StepRecord], t: f64) {
+    let decode = StepTimes::of_steps(steps, |s| s.decode_rows > 0);
+    let all = StepTimes::of_steps(steps, |_| true);
+    println!(
+        "{label}: decode steps p99 {:.2} ms ({:.2}x), max {:.2} ms, {} steps; all steps p99 {:.2} ms ({:.2}x), max {:.2} ms, {} steps",
+        decode.p99,
+        decode.p99 / t,
+        decode.max,
+        decode.steps,
+        all.p99,
+        all.p99 / t,
+        all.max,
+        all.steps
+    );
 }
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let decode_only = StepTimes::of(&run(None, false));
+    let decode_only = StepTimes::of_steps(&run(None, false), |_| true);
     let t = decode_only.p50;
-    let without = StepTimes::of(&run(None, true));
+    let without = run(None, true);
     // DEEPINFER_BUDGET_FACTOR: the budget as a multiple of the decode-only step (1.4).
     let factor: f64 = std::env::var("DEEPINFER_BUDGET_FACTOR")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1.4);
     let budget = factor * t;
-    let with = StepTimes::of(&run(Some(budget), true));
-    println!("decode-only step: p50 {:.2} ms (32 rows)", t);
-    println!(
-        "with a 4,000-token prompt, no budget: p99 {:.2} ms ({:.2}x), max {:.2} ms, {} steps",
-        without.p99,
-        without.p99 / t,
-        without.max,
-        without.steps
-    );
-    println!(
-        "with a 4,000-token prompt, budget {:.2} ms: p99 {:.2} ms ({:.2}x), max {:.2} ms, {} steps",
-        budget,
-        with.p99,
-        with.p99 / t,
-        with.max,
-        with.steps
+    let with = run(Some(budget), true);
+    println!("decode-only step: p50 {t:.2} ms (32 rows)");
+    report("with a 4,000-token prompt, no budget", &without, t);
+    report(
+        &format!("with a 4,000-token prompt, budget {budget:.2} ms"),
+        &with,
+        t,
     );
 }

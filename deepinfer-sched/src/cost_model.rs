@@ -21,7 +21,10 @@
 //! undercharges decode rows. Online refits keep exponentially-forgotten normal
 //! equations and clamp every coefficient into caller-given bounds (a noisy
 //! burst must never make a coefficient negative, which would let the scheduler
-//! believe an infinite chunk is free).
+//! believe an infinite chunk is free). A start-up calibration can stay in every
+//! refit as a prior: a scheduler that holds its steps at the budget feeds back
+//! steps whose time barely varies, which alone would let the per-token terms
+//! decay to nothing.
 
 use thiserror::Error;
 
@@ -298,6 +301,11 @@ pub struct PrefillCostModel {
     xtx: [[f64; N]; N],
     xty: [f64; N],
     samples: f64,
+    // Normal equations of the calibration samples ([`PrefillCostModel::with_prior`]),
+    // added to every refit and never forgotten.
+    prior_xtx: [[f64; N]; N],
+    prior_xty: [f64; N],
+    has_prior: bool,
 }
 
 impl PrefillCostModel {
@@ -320,7 +328,28 @@ impl PrefillCostModel {
             xtx: [[0.0; N]; N],
             xty: [0.0; N],
             samples: 0.0,
+            prior_xtx: [[0.0; N]; N],
+            prior_xty: [0.0; N],
+            has_prior: false,
         })
+    }
+
+    /// Keep `samples` (a start-up calibration) as a prior that every refit adds to
+    /// the forgotten online samples: directions the recent steps inform follow them,
+    /// the others stay where the calibration put them. Without one, a scheduler that
+    /// holds every step at its budget feeds the refit steps whose time does not vary
+    /// while their context grows, which drives the per-token terms toward zero, and the
+    /// next prompt alone is planned as one huge "cheap" chunk.
+    pub fn with_prior(mut self, samples: &[StepSample]) -> Result<Self, CostModelError> {
+        let (mut xtx, mut xty) = ([[0.0; N]; N], [0.0; N]);
+        for s in samples {
+            check_sample(s)?;
+            accumulate(&mut xtx, &mut xty, s, 1.0);
+        }
+        self.prior_xtx = xtx;
+        self.prior_xty = xty;
+        self.has_prior = !samples.is_empty();
+        Ok(self)
     }
 
     /// Fit from a batch of samples (ordinary least squares, clamped). A term no
@@ -351,8 +380,8 @@ impl PrefillCostModel {
         self.samples
     }
 
-    /// Feed one measured step and refit. Keeps the old coefficients until four
-    /// samples are in; after that each refit is a least-squares step that
+    /// Feed one measured step and refit. Without a prior, keeps the old coefficients
+    /// until four samples are in; after that (and from the first with one) each refit is a least-squares step that
     /// leaves a coefficient the recent steps do not inform where it was (a
     /// small proximal ridge toward the coefficients in effect). Returns whether
     /// a refit happened.
@@ -369,11 +398,20 @@ impl PrefillCostModel {
         }
         self.samples = self.samples * l + 1.0;
         accumulate(&mut self.xtx, &mut self.xty, &sample, 1.0);
-        if self.samples < N as f64 {
+        if self.samples < N as f64 && !self.has_prior {
             return Ok(false);
         }
+        let (mut xtx, mut xty) = (self.xtx, self.xty);
+        for (row, prior) in xtx.iter_mut().zip(&self.prior_xtx) {
+            for (v, p) in row.iter_mut().zip(prior) {
+                *v += p;
+            }
+        }
+        for (v, p) in xty.iter_mut().zip(&self.prior_xty) {
+            *v += p;
+        }
         let cur = to_array(&self.coef);
-        match solve_clamped(&self.xtx, &self.xty, &self.bounds, &cur, PROXIMAL) {
+        match solve_clamped(&xtx, &xty, &self.bounds, &cur, PROXIMAL) {
             Some(c) => {
                 self.coef = c;
                 Ok(true)
@@ -725,6 +763,12 @@ mod tests {
             time: f64::NAN,
         };
         assert!(m.observe(s).is_err());
+        assert!(matches!(
+            PrefillCostModel::new(coef(), Default::default(), 1.0)
+                .unwrap()
+                .with_prior(&[s]),
+            Err(CostModelError::InvalidSample(_))
+        ));
         let mut neg = StepFeatures::of_chunk(1, 1);
         neg.out_rows = -1.0;
         assert!(

@@ -204,3 +204,65 @@ proptest! {
         }
     }
 }
+
+/// A step's true time on hardware whose attention is windowed: per new token, whatever
+/// the context (the model's `q·(q + c)` and `b·c` terms do not describe it).
+fn windowed_time(f: &StepFeatures, new_tokens: usize) -> f64 {
+    3.0 + 0.2 * new_tokens as f64 + 0.3 * f.out_rows
+}
+
+/// Runs the closed loop a budgeted scheduler makes: 32 decode rows, and a 4,000-token
+/// prompt prefilled alongside in chunks the model's current fit sizes for the budget,
+/// then the decode rows alone while their context grows. Returns the model's prediction
+/// and the true time of a 2,048-token chunk run alone afterwards.
+fn closed_loop(mut m: PrefillCostModel) -> (f64, f64) {
+    let budget = 18.0;
+    let mut done = 0usize;
+    for step in 0..600usize {
+        let c = 16 + step;
+        let mut f = StepFeatures::of_decode(32, c);
+        let mut new_tokens = 32;
+        if done < 4000 {
+            let k = m.coefficients();
+            let left = budget - k.step(&f);
+            let q = k.max_chunk_of(done, 4000 - done, left, 4096).max(1);
+            f.add(q, done);
+            new_tokens += q;
+            done += q;
+            if done == 4000 {
+                f.add_outputs(1);
+            }
+        }
+        let time = windowed_time(&f, new_tokens);
+        m.observe(StepSample { features: f, time }).unwrap();
+    }
+    let alone = StepFeatures::of_sampling_chunk(2048, 0);
+    (m.coefficients().step(&alone), windowed_time(&alone, 2048))
+}
+
+/// Without the prior the same loop predicts that chunk at about 19 ms (true: 413 ms): the
+/// held-at-budget steps carry no sign of a per-token cost, and the refit forgets it.
+#[test]
+fn calibration_prior_keeps_a_closed_loop_refit_from_collapsing() {
+    // New tokens of each calibration step, in `calibration_design`'s order.
+    let new_tokens = [1usize, 256, 1024, 2048, 512, 1, 1, 8, 32];
+    let samples: Vec<StepSample> = calibration_design()
+        .into_iter()
+        .zip(new_tokens)
+        .map(|(f, new)| StepSample {
+            features: f,
+            time: windowed_time(&f, new),
+        })
+        .collect();
+    let bounds = CoefficientBounds::default();
+    let start = PrefillCostModel::fit(&samples, bounds).unwrap();
+    let model = PrefillCostModel::new(start, bounds, 0.98)
+        .unwrap()
+        .with_prior(&samples)
+        .unwrap();
+    let (predicted, truth) = closed_loop(model);
+    assert!(
+        predicted > 0.5 * truth && predicted < 2.0 * truth,
+        "{predicted} vs {truth}"
+    );
+}

@@ -21,7 +21,8 @@ pub use chat::{ChatError, ChatFrontend, PreparedChat};
 pub use default_model::{default_model_dir, load_default, materialize_default};
 pub use engine::{
     DRAFT_POSITIONS, Engine, EngineConfig, EngineError, KvCacheMemory, KvPool, Metrics,
-    STEP_HISTORY, SpecBudget, StepTimes, StreamEvent, available_host_memory, default_block_size,
+    STEP_HISTORY, SpecBudget, StepRecord, StepTimes, StreamEvent, available_host_memory,
+    default_block_size,
 };
 pub use expert_load::{EplbReport, eplb_report};
 pub use online::{EventSink, OnlineEngine, OnlineStats, SubmitError};

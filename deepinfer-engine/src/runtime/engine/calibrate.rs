@@ -156,6 +156,7 @@ where
         }
     });
     PrefillCostModel::new(coef, bounds, 0.98)
+        .and_then(|m| m.with_prior(&samples))
         .map_err(|e| EngineError::Config(format!("prefill cost model: {e}")))
 }
 

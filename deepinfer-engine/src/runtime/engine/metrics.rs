@@ -7,6 +7,19 @@ pub const DRAFT_POSITIONS: usize = 8;
 /// How many recent step times [`Engine::step_times`] summarises.
 pub const STEP_HISTORY: usize = 65_536;
 
+/// One step as it ran: its wall time and what it held.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepRecord {
+    /// Wall time, ms.
+    pub ms: f32,
+    /// The scheduler's predicted time, ms (a step-time budget is set).
+    pub predicted_ms: Option<f32>,
+    /// Decode rows (requests past their prompt, one row each plus their drafts).
+    pub decode_rows: u32,
+    /// Prompt tokens prefilled (all chunks).
+    pub prefill_tokens: u32,
+}
+
 /// Step wall-time percentiles, ms.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTimes {
@@ -36,6 +49,13 @@ impl StepTimes {
             p99: at(0.99),
             max: at(1.0),
         }
+    }
+
+    /// The percentiles of the steps of `steps` that `keep` selects (say, those with decode
+    /// rows: the step time a decoding request sees).
+    pub fn of_steps(steps: &[StepRecord], keep: impl Fn(&StepRecord) -> bool) -> Self {
+        let ms: Vec<f32> = steps.iter().filter(|s| keep(s)).map(|s| s.ms).collect();
+        Self::of(&ms)
     }
 }
 

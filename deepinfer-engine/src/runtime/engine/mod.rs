@@ -82,7 +82,7 @@ use events::Offline;
 pub use events::StreamEvent;
 pub(crate) use events::{Command, Driver};
 use live::{Live, finish_all, parse_tokens, plain_parsing};
-pub use metrics::{DRAFT_POSITIONS, Metrics, STEP_HISTORY, StepTimes};
+pub use metrics::{DRAFT_POSITIONS, Metrics, STEP_HISTORY, StepRecord, StepTimes};
 pub use pool::{KvCacheMemory, KvPool, available_host_memory, default_block_size};
 
 /// Anything that stops a `generate` call.
@@ -127,8 +127,8 @@ pub struct Engine<B: Backend> {
     /// blocks the scheduler imported for them before the next step runs.
     pending_imports: Vec<PendingImport<B::Tensor>>,
     metrics: Metrics,
-    /// Recent step wall times, ms (the last [`STEP_HISTORY`] at most).
-    step_times: Vec<f32>,
+    /// Recent steps (the last [`STEP_HISTORY`] at most).
+    step_log: Vec<StepRecord>,
     /// Most KV blocks in use at once.
     kv_peak: usize,
     /// The KV pool's size.
@@ -232,7 +232,7 @@ where
             prefix,
             pending_imports: Vec::new(),
             metrics: Metrics::default(),
-            step_times: Vec::new(),
+            step_log: Vec::new(),
             kv_peak: 0,
             placement,
             draft_calibration: cfg.draft_calibration.clone().map(Arc::new),
@@ -371,14 +371,14 @@ where
         &self.cfg
     }
 
-    /// The recent step wall times, ms, oldest first.
-    pub fn step_time_history(&self) -> &[f32] {
-        &self.step_times
+    /// The recent steps, oldest first.
+    pub fn step_history(&self) -> &[StepRecord] {
+        &self.step_log
     }
 
     /// Percentiles of the recent step wall times.
     pub fn step_times(&self) -> StepTimes {
-        StepTimes::of(&self.step_times)
+        StepTimes::of_steps(&self.step_log, |_| true)
     }
 
     /// Waits until every prefix state queued for the persistent tier is written (dropping

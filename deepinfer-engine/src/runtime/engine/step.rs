@@ -200,10 +200,24 @@ where
             }
         }?;
         let step_ms = ms_since(launched);
-        if self.step_times.len() >= 2 * STEP_HISTORY {
-            self.step_times.drain(..STEP_HISTORY);
+        let record = StepRecord {
+            ms: step_ms as f32,
+            predicted_ms: lp.plan.predicted_ms.map(|t| t as f32),
+            decode_rows: lp.plan.decode.len() as u32,
+            prefill_tokens: lp.plan.prefill.iter().map(|c| c.len as u32).sum(),
+        };
+        tracing::debug!(
+            step = lp.plan.step,
+            ms = record.ms,
+            predicted_ms = record.predicted_ms,
+            decode_rows = record.decode_rows,
+            prefill_tokens = record.prefill_tokens,
+            "step"
+        );
+        if self.step_log.len() >= 2 * STEP_HISTORY {
+            self.step_log.drain(..STEP_HISTORY);
         }
-        self.step_times.push(step_ms as f32);
+        self.step_log.push(record);
         let pool = self.sched.kv().pool();
         self.kv_peak = self.kv_peak.max(pool.num_blocks() - pool.num_free());
         self.add_stats(&done.stats);
