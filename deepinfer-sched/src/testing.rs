@@ -402,6 +402,29 @@ pub fn simulate(
     depth: usize,
     dense: bool,
 ) -> (Vec<Finished>, Vec<Option<usize>>, Scheduler) {
+    simulate_arrivals(w, depth, dense, Arrival::BeforePlan)
+}
+
+/// When the requests of a simulated step arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Before the step is planned.
+    BeforePlan,
+    /// While it computes, after the plans ahead were made: they wait for the next plan.
+    Late,
+    /// While it computes, and they join the last plan made ahead through
+    /// [`Scheduler::admit_into_planned`].
+    LateAmended,
+}
+
+/// [`simulate`] with requests arriving as `arrival` says.
+pub fn simulate_arrivals(
+    w: &Workload,
+    depth: usize,
+    dense: bool,
+    arrival: Arrival,
+) -> (Vec<Finished>, Vec<Option<usize>>, Scheduler) {
+    let late = arrival != Arrival::BeforePlan;
     let cfg = w.config();
     let mut s = scheduler(cfg.clone(), w.blocks, w.block_size);
     let mut done = Vec::new();
@@ -409,12 +432,8 @@ pub fn simulate(
     let mut queue: VecDeque<StepPlan> = VecDeque::new();
     let last_arrival = w.reqs.iter().map(|r| r.0).max().unwrap_or(0);
     for step in 0..5000 {
-        for (i, r) in w.reqs.iter().enumerate() {
-            if r.0 == step {
-                let mut q = req(i as RequestId, r.1, r.2);
-                q.priority = r.3;
-                s.add_request(q).unwrap();
-            }
+        if !late {
+            arrive(w, step, &mut s);
         }
         for &(at, i) in &w.aborts {
             if at == step
@@ -450,6 +469,14 @@ pub fn simulate(
         while queue.len() < depth {
             queue.push_back(s.schedule().unwrap());
         }
+        if late {
+            arrive(w, step, &mut s);
+            if arrival == Arrival::LateAmended
+                && let Some(p) = queue.back_mut()
+            {
+                s.admit_into_planned(p).unwrap();
+            }
+        }
         let res = s.update(&out).unwrap();
         if let Err(e) = check_invariants(&s) {
             panic!("step {step}: {e}");
@@ -464,6 +491,17 @@ pub fn simulate(
     }
     assert!(s.is_idle(), "requests left after 5000 steps");
     (done, first, s)
+}
+
+/// Submit the requests of `w` that arrive at `step`.
+fn arrive(w: &Workload, step: usize, s: &mut Scheduler) {
+    for (i, r) in w.reqs.iter().enumerate() {
+        if r.0 == step {
+            let mut q = req(i as RequestId, r.1, r.2);
+            q.priority = r.3;
+            s.add_request(q).unwrap();
+        }
+    }
 }
 
 /// Checks that every request of `w` ended exactly once: with its [`expected_output`], or aborted

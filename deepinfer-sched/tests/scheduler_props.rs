@@ -62,6 +62,32 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 
+    /// Requests that arrive while a step computes join the plan made ahead
+    /// (`admit_into_planned`): budgets hold, nothing is lost under memory
+    /// pressure and aborts, one or two steps ahead, either output form.
+    #[test]
+    fn late_admission_never_loses_a_request(w in workload(true, true)) {
+        for (depth, dense) in [(1, false), (1, true), (2, false)] {
+            let (done, _, s) = simulate_arrivals(&w, depth, dense, Arrival::LateAmended);
+            check_all_accounted(&w, &done, &s).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    /// Joining a plan made ahead changes when requests run, not what they produce.
+    #[test]
+    fn late_admission_equals_synchronous(w in workload(false, true)) {
+        let (mut a, _, _) = simulate(&w, 0, false);
+        let (mut b, amended, _) = simulate_arrivals(&w, 1, false, Arrival::LateAmended);
+        let (_, waited, _) = simulate_arrivals(&w, 1, false, Arrival::Late);
+        a.sort_by_key(|f| f.id);
+        b.sort_by_key(|f| f.id);
+        prop_assert_eq!(a, b);
+        // Amended in, the first request to arrive runs a step earlier than when it
+        // waits for the plan after the one made ahead.
+        let i = (0..w.reqs.len()).min_by_key(|&i| (w.reqs[i].0, i)).unwrap();
+        prop_assert!(amended[i] < waited[i], "{:?} vs {:?}", amended[i], waited[i]);
+    }
+
     /// FCFS: with one priority, requests start in arrival order and all finish.
     #[test]
     fn fcfs_admits_in_order_and_never_starves(w in workload(false, false)) {

@@ -146,3 +146,57 @@ fn decode_rows_and_the_sampling_row_are_charged() {
         first_chunk(&blind_plans)
     );
 }
+
+/// A prompt that arrives while a step computes joins the plan made ahead with a chunk the
+/// budget still has room for; a plan other than the last one made is an error.
+#[test]
+fn a_late_prompt_joins_the_plan_ahead_within_its_budget() {
+    let budget = 40.0;
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 16_384,
+        max_num_seqs: 64,
+        max_model_len: 65_536,
+        max_chunk_tokens: 16_384,
+        step_time_budget: Some(budget),
+        ..Default::default()
+    };
+    let model = PrefillCostModel::new(COEF, CoefficientBounds::default(), 1.0).unwrap();
+    let mut s = scheduler(cfg, 4096, 16).with_cost_model(model);
+    let mut nothing = StepPlan::default();
+    assert!(s.admit_into_planned(&mut nothing).is_err());
+    for id in 1..=8 {
+        s.add_request(req(id, 64, 40)).unwrap();
+    }
+    let first = s.schedule().unwrap();
+    s.update(&run(&first, &s)).unwrap();
+    // Step N computes; N+1 is planned ahead; then the prompt arrives.
+    let mut running = s.schedule().unwrap();
+    let mut ahead = s.schedule().unwrap();
+    let before = ahead.predicted_ms.unwrap();
+    s.add_request(req(100, 32_000, 2)).unwrap();
+    assert!(s.admit_into_planned(&mut running).is_err());
+    assert_eq!(s.admit_into_planned(&mut ahead).unwrap(), 1);
+    let chunk = ahead.prefill.iter().find(|c| c.request == 100).unwrap();
+    assert_eq!(chunk.start, 0);
+    assert!(chunk.len > 0 && chunk.len < 32_000);
+    let after = ahead.predicted_ms.unwrap();
+    assert!(
+        after > before && after <= budget + 1e-9,
+        "{before} -> {after}"
+    );
+    assert_eq!(
+        ahead.num_tokens,
+        ahead.decode.len() + ahead.prefill.iter().map(|c| c.len).sum::<usize>()
+    );
+    // Nothing more waits: a second call admits nobody.
+    assert_eq!(s.admit_into_planned(&mut ahead).unwrap(), 0);
+    // The steps then run as usual, and every request finishes.
+    let out = run(&running, &s);
+    let res = s.update(&out).unwrap();
+    res.apply_to(&mut ahead);
+    let out = run(&ahead, &s);
+    s.update(&out).unwrap();
+    let (done, _) = drive_sync(&mut s, 500);
+    assert!(done.iter().any(|f| f.id == 100));
+    assert!(s.is_idle());
+}

@@ -2,7 +2,8 @@
 //!
 //! [`OnlineEngine::start`] moves an [`Engine`] onto a thread of its own, where the step
 //! loop runs for the life of the handle. [`OnlineEngine::submit`] hands it a request and an
-//! [`EventSink`]; the request joins the batch before the next step is planned and its
+//! [`EventSink`]; the request joins the next step that has not launched (arriving while a
+//! step computes, it joins the step planned to follow, before that one launches) and its
 //! events (tokens, parser events, the finished output) go to the sink as they happen. A
 //! sink that answers `false` (its client went away) or [`OnlineEngine::abort`] ends the
 //! request between two steps, and its KV blocks go back to the pool at once. No call on
@@ -41,10 +42,11 @@
 
 use super::engine::{Command, Driver, Engine, EngineError, Metrics, StreamEvent};
 use super::request::{Request, RequestId};
+use crossbeam_channel as channel;
 use deepinfer_kernels::Backend;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -110,7 +112,7 @@ type Checker = dyn Fn(&Request) -> Result<(), EngineError> + Send + Sync;
 
 /// The handle of an engine running on its own thread.
 pub struct OnlineEngine {
-    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    tx: Mutex<Option<channel::Sender<Msg>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     shared: Arc<Shared>,
     next_id: AtomicU64,
@@ -145,7 +147,7 @@ impl OnlineEngine {
         B: Backend + Send + 'static,
         B::Tensor: Clone + Send,
     {
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = channel::unbounded();
         let shared = Arc::new(Shared {
             accepting: AtomicBool::new(true),
             ..Shared::default()
@@ -284,7 +286,7 @@ impl Drop for OnlineEngine {
 
 /// The engine thread: the step loop with the channel as its driver; when the loop fails,
 /// every outstanding request is told.
-fn run<B>(mut engine: Engine<B>, rx: mpsc::Receiver<Msg>, shared: Arc<Shared>)
+fn run<B>(mut engine: Engine<B>, rx: channel::Receiver<Msg>, shared: Arc<Shared>)
 where
     B: Backend,
     B::Tensor: Clone,
@@ -318,7 +320,7 @@ struct Route {
 
 /// The online driver: commands from the handle's channel, events to each request's sink.
 struct Channel {
-    rx: mpsc::Receiver<Msg>,
+    rx: channel::Receiver<Msg>,
     sinks: HashMap<RequestId, Route>,
     shared: Arc<Shared>,
 }
@@ -376,11 +378,31 @@ impl Driver for Channel {
         loop {
             match self.rx.try_recv() {
                 Ok(m) => out.push(self.command(m)),
-                Err(mpsc::TryRecvError::Empty) => return Some(out),
-                Err(mpsc::TryRecvError::Disconnected) => {
+                Err(channel::TryRecvError::Empty) => return Some(out),
+                Err(channel::TryRecvError::Disconnected) => {
                     return (!out.is_empty() || !self.sinks.is_empty()).then_some(out);
                 }
             }
+        }
+    }
+
+    fn wait_step(&mut self, done: &channel::Receiver<()>) -> Option<Vec<Command>> {
+        channel::select! {
+            recv(done) -> _ => None,
+            recv(self.rx) -> m => match m {
+                Ok(m) => {
+                    let first = self.command(m);
+                    // Whatever else is queued comes with it.
+                    let mut out = self.poll(false).unwrap_or_default();
+                    out.insert(0, first);
+                    Some(out)
+                }
+                // Closed: only the step is left to wait for.
+                Err(_) => {
+                    let _ = done.recv();
+                    None
+                }
+            },
         }
     }
 

@@ -136,6 +136,67 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Admit waiting requests into `plan`, the step planned last, which the engine has
+    /// not launched yet: a request that arrived after that plan was made joins it while
+    /// its budgets (rows, sequences, blocks, time) last, under the same admission rules
+    /// as in [`Scheduler::schedule_into`], instead of waiting for the plan after it.
+    /// Returns how many requests were admitted. An engine overlapping its host work with
+    /// the device calls this when a request arrives while a step computes.
+    pub fn admit_into_planned(&mut self, plan: &mut StepPlan) -> Result<usize, SchedError> {
+        match self.flights.back() {
+            None => return Err(SchedError::NoStepInFlight),
+            Some(f) if f.step != plan.step => {
+                return Err(SchedError::OutputMismatch(format!(
+                    "step {} is not the last planned ({})",
+                    plan.step, f.step
+                )));
+            }
+            Some(_) => {}
+        }
+        if self.num_waiting == 0 || !plan.preempted.is_empty() {
+            return Ok(0);
+        }
+        let Some(mut flight) = self.flights.pop_back() else {
+            return Err(SchedError::NoStepInFlight);
+        };
+        let coef = self.cost.as_ref().map(|c| c.coefficients());
+        let time_left = match (self.cfg.step_time_budget, coef) {
+            (Some(t), Some(c)) => t - c.step(&flight.features),
+            _ => f64::INFINITY,
+        };
+        let rows = flight.prefill.len() + flight.rows.len();
+        let mut st = StepState {
+            tokens_left: self
+                .cfg
+                .max_num_batched_tokens
+                .saturating_sub(flight.num_tokens),
+            seqs_left: self.cfg.max_num_seqs.saturating_sub(rows),
+            reserved_blocks: self.pending_reserve,
+            pending_grow: 0,
+            time_left,
+            coef,
+            dec_quad: 0,
+            dec_lin: 0,
+            dec_out: 0,
+            features: flight.features,
+            prefill_rows: std::mem::take(&mut flight.prefill),
+            decode_rows: Vec::new(),
+        };
+        let before = st.prefill_rows.len();
+        let admitted = self.admit_waiting(plan, &mut st);
+        let added = st.prefill_rows.len() - before;
+        let new_tokens: usize = st.prefill_rows[before..].iter().map(|r| r.len).sum();
+        flight.prefill = st.prefill_rows;
+        flight.features = st.features;
+        flight.num_tokens += new_tokens;
+        plan.num_tokens += new_tokens;
+        if added > 0 {
+            plan.predicted_ms = coef.map(|c| c.step(&flight.features));
+        }
+        self.flights.push_back(flight);
+        admitted.map(|()| added)
+    }
+
     /// Start step `step`: the plan is cleared (keeping its vectors) and takes
     /// the block copies and aborts reported since the last plan; the budgets
     /// are full but for the blocks the pending plans reserve.

@@ -74,6 +74,13 @@ pub(crate) trait Driver {
     /// Commands that arrived since the last call; with `wait`, block until one does.
     /// `None`: no more will come (the loop ends once no request is left).
     fn poll(&mut self, wait: bool) -> Option<Vec<Command>>;
+    /// While a step computes: wait until `done` receives (the step is done: `None`) or
+    /// commands arrive first (`Some`; the step may still be computing). A driver that takes
+    /// nothing between steps just waits for the step.
+    fn wait_step(&mut self, done: &crossbeam_channel::Receiver<()>) -> Option<Vec<Command>> {
+        let _ = done.recv();
+        None
+    }
     /// A submitted request could not be admitted.
     fn rejected(&mut self, id: RequestId, err: EngineError);
     /// The scheduler's queue lengths and the engine's counters, before each plan.
@@ -125,6 +132,18 @@ where
         let Some(cmds) = driver.poll(wait) else {
             return false;
         };
+        self.apply_commands(cmds, driver, live, t0);
+        true
+    }
+
+    /// Admit, abort and reset as `cmds` say.
+    pub(super) fn apply_commands(
+        &mut self,
+        cmds: Vec<Command>,
+        driver: &mut dyn Driver,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+        t0: Instant,
+    ) {
         for c in cmds {
             match c {
                 Command::Submit(r) => {
@@ -144,7 +163,6 @@ where
                 Command::ResetPrefixCache => self.reset_prefix_cache(),
             }
         }
-        true
     }
 
     /// End the live samples of requests `ids` (their blocks go back to the pool now; a row

@@ -6,6 +6,32 @@ impl<B: Backend> Engine<B>
 where
     B::Tensor: Clone,
 {
+    /// A plan was made or joined: each request planned for the first time ends its queueing
+    /// (`Scheduled`), and its first chunk's start is what the prefix cache gave it.
+    pub(super) fn note_planned(
+        &mut self,
+        plan: &StepPlan,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+        driver: &mut dyn Driver,
+    ) {
+        for c in &plan.prefill {
+            let Some(l) = live.get_mut(&c.request) else {
+                continue;
+            };
+            if l.cached.is_some() {
+                continue;
+            }
+            l.cached = Some(c.start);
+            self.metrics.cached_prompt_tokens += c.start as u64;
+            match l.imported {
+                Some((n, Tier::Host)) => self.metrics.cached_host_tokens += n.min(c.start) as u64,
+                Some((n, Tier::Disk)) => self.metrics.cached_disk_tokens += n.min(c.start) as u64,
+                _ => {}
+            }
+            driver.event(&StreamEvent::Scheduled { id: l.user_id });
+        }
+    }
+
     /// The device work of `plan`: each row group's state (restored from a prefix snapshot
     /// or rebuilt by replay when it is not where the scheduler resumes), input rows, drafts
     /// to verify and sampling settings. Returns whether a fork-group parent emits its
@@ -38,16 +64,6 @@ where
             );
         for (sid, start, end, samples, drafts) in groups {
             let l = live.get_mut(&sid).ok_or(SchedError::UnknownRequest(sid))?;
-            if l.cached.is_none() {
-                self.first_scheduled.push(l.user_id);
-                l.cached = Some(start);
-                self.metrics.cached_prompt_tokens += start as u64;
-                match l.imported {
-                    Some((n, Tier::Host)) => self.metrics.cached_host_tokens += n.min(start) as u64,
-                    Some((n, Tier::Disk)) => self.metrics.cached_disk_tokens += n.min(start) as u64,
-                    _ => {}
-                }
-            }
             let toks = self
                 .sched
                 .tokens(sid)

@@ -70,6 +70,8 @@ mod calibrate;
 mod config;
 mod events;
 mod job;
+#[cfg(test)]
+mod late_join_tests;
 mod live;
 mod metrics;
 mod pool;
@@ -139,8 +141,6 @@ pub struct Engine<B: Backend> {
     draft_calibration: Option<Arc<deepinfer_spec::TemperatureScaling>>,
     /// EPLB's state, when it re-places the experts.
     balancer: Option<super::eplb::Balancer>,
-    /// Requests planned for the first time by the step being built.
-    first_scheduled: Vec<RequestId>,
     next_sid: u64,
 }
 
@@ -237,7 +237,6 @@ where
             placement,
             draft_calibration: cfg.draft_calibration.clone().map(Arc::new),
             balancer,
-            first_scheduled: Vec::new(),
             next_sid: 0,
             cfg,
         })
@@ -537,6 +536,7 @@ where
         std::thread::scope(|scope| {
             let (jobs, job_rx) = mpsc::channel::<Job<B::Tensor>>();
             let (res_tx, results) = mpsc::channel();
+            let (done_tx, done) = crossbeam_channel::bounded(1);
             // The device loop lives on one thread of rayon's pool for the whole call, so a
             // step costs one hand-over each way (host → loop, loop → host), as the in-order
             // loop's `on_pool` does, and the forward's parallel loops start from inside the pool.
@@ -549,7 +549,10 @@ where
             scope.spawn(move || {
                 let device_loop = move || {
                     for job in job_rx {
-                        if res_tx.send(run_job(&model, &jcfg, job)).is_err() {
+                        // The result first: whoever sees `done` finds it there.
+                        if res_tx.send(run_job(&model, &jcfg, job)).is_err()
+                            || done_tx.send(()).is_err()
+                        {
                             break;
                         }
                     }
@@ -560,7 +563,11 @@ where
                     device_loop()
                 }
             });
-            let worker = Worker { jobs, results };
+            let worker = Worker {
+                jobs,
+                results,
+                done,
+            };
             // Debug mode: any device read on this thread fails loudly from here on.
             let _phase = self.cfg.sync_check.then(LaunchPhase::enter);
             // `worker` drops at the end of this closure: its channel closes, the loop ends.
@@ -585,6 +592,8 @@ where
 struct Worker<T> {
     jobs: mpsc::Sender<Job<T>>,
     results: mpsc::Receiver<Result<JobOut<T>, EngineError>>,
+    /// One message per job, after its result: what the loop waits on beside new requests.
+    done: crossbeam_channel::Receiver<()>,
 }
 
 /// A step's tokens and finished requests, parsed while the next step computes.

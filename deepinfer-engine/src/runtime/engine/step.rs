@@ -67,6 +67,8 @@ where
         driver: &mut dyn Driver,
     ) -> Result<Planned, EngineError> {
         if lp.have_ahead {
+            // (Commands wait for the next step's host work: an abort now would leave a row
+            // of the plan ahead without its request, and only an update cancels it.)
             std::mem::swap(&mut lp.plan, &mut lp.ahead);
             lp.have_ahead = false;
         } else {
@@ -91,6 +93,7 @@ where
             }
             self.schedule(&mut lp.plan)?;
             drop_states(&lp.plan.preempted, live);
+            self.note_planned(&lp.plan, live, driver);
             if lp.plan.is_empty() {
                 return Err(EngineError::Stuck(
                     self.sched.num_running() + self.sched.num_waiting(),
@@ -126,6 +129,30 @@ where
         Ok(())
     }
 
+    /// Waiting requests into the plan made ahead (overlap), or a plan ahead for them when
+    /// none was made (nothing was left to plan then).
+    fn join_plan_ahead(
+        &mut self,
+        lp: &mut LoopState,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+        driver: &mut dyn Driver,
+    ) -> Result<(), EngineError> {
+        if self.sched.num_waiting() == 0 {
+            return Ok(());
+        }
+        let ts = Instant::now();
+        if lp.have_ahead {
+            self.sched.admit_into_planned(&mut lp.ahead)?;
+        } else {
+            self.sched.schedule_into(&mut lp.ahead)?;
+            lp.have_ahead = true;
+            drop_states(&lp.ahead.preempted, live);
+        }
+        self.metrics.sched_ms += ms_since(ts);
+        self.note_planned(&lp.ahead, live, driver);
+        Ok(())
+    }
+
     fn schedule(&mut self, plan: &mut StepPlan) -> Result<(), EngineError> {
         let ts = Instant::now();
         {
@@ -156,9 +183,6 @@ where
             let _span = tracing::debug_span!("build").entered();
             self.build_job(&lp.plan, live)?
         };
-        for id in std::mem::take(&mut self.first_scheduled) {
-            driver.event(&StreamEvent::Scheduled { id });
-        }
         self.metrics.build_ms += ms_since(tb);
         let launched = Instant::now();
         let done = match worker {
@@ -184,8 +208,18 @@ where
                 if !drain && !self.sched.is_idle() {
                     self.schedule(&mut lp.ahead)?;
                     lp.have_ahead = true;
+                    self.note_planned(&lp.ahead, live, driver);
                 }
                 let host_end = Instant::now();
+                // Requests that arrive while the step computes join the plan ahead at once
+                // (it has not launched), not the plan after it. An abort now is safe: this
+                // step's update cancels the request's rows in the plan ahead.
+                while let Some(cmds) = driver.wait_step(&w.done) {
+                    self.apply_commands(cmds, driver, live, t0);
+                    if !drain {
+                        self.join_plan_ahead(lp, live, driver)?;
+                    }
+                }
                 let r = w
                     .results
                     .recv()
