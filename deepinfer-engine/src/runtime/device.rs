@@ -52,8 +52,6 @@ pub(crate) struct Dev<T> {
     /// Grammar matcher (structured outputs).
     pub matcher: Option<Box<dyn Matcher>>,
     pub next_draft: Option<NextDraft>,
-    /// Generated tokens so far (the sampler's penalties read them).
-    pub hist: Vec<u32>,
     /// Input-token buffer, reused from step to step.
     pub rows: Vec<u32>,
     /// Bounded replay: the state is windowless and its last this many tokens are replayed
@@ -67,7 +65,6 @@ impl<T> Default for Dev<T> {
             state: None,
             matcher: None,
             next_draft: None,
-            hist: Vec::new(),
             rows: Vec::new(),
             rebuild_window: 0,
         }
@@ -93,6 +90,19 @@ pub(crate) struct JobSeq<T> {
     pub draft_ahead: bool,
     /// A fork-group parent's forced token (the row samples nothing; the host emits it).
     pub forced: Option<u32>,
+}
+
+/// The tokens `s` has generated before the sampling position, less its last `drafts` inputs
+/// (drafts under verification): what the sampler's penalties read. The model state's token
+/// history is the one copy on the device side; its prompt part is the first `prompt_len`.
+fn generated<T>(s: &JobSeq<T>, drafts: usize) -> &[u32] {
+    let h = s
+        .dev
+        .state
+        .as_ref()
+        .map_or(&[][..], |st| st.history.as_slice());
+    let end = h.len().saturating_sub(drafts);
+    &h[s.fx.prompt_len.min(end)..end]
 }
 
 /// Settings of [`run_job`] that do not change between steps.
@@ -340,7 +350,7 @@ where
                     draft_tokens: &s.dev.rows[s.dev.rows.len() - x.drafts..],
                     draft_probs: None,
                     masks: x.masks.as_deref(),
-                    history: &s.dev.hist,
+                    history: generated(s, x.drafts),
                     position: s.to as u64,
                     params: &s.fx.params.sampling,
                     mode: VerifyMode::Match,
@@ -415,7 +425,7 @@ where
             .map(|(&i, mask)| SampleRequest {
                 logits: sc[i].logits.as_slice(),
                 mask: mask.as_deref(),
-                history: &seqs[i].dev.hist,
+                history: generated(&seqs[i], 0),
                 position: seqs[i].to as u64,
                 params: &seqs[i].fx.params.sampling,
             })
@@ -449,7 +459,6 @@ where
             }
             st.grammar_ms += ms_since(tg);
         }
-        s.dev.hist.extend(x.toks.iter().map(|t| t.0));
         if s.draft_ahead
             && let Some(&(anchor, _, _)) = x.toks.last()
             && !s.fx.stop_tokens.contains(&anchor)

@@ -216,7 +216,6 @@ where
                     dev: Dev {
                         state,
                         matcher: p.grammar.as_ref().map(GrammarConstraint::matcher),
-                        hist: p.dev.hist.clone(),
                         ..Dev::default()
                     },
                     parser: self.parser_for(p.parsing.as_ref()),
