@@ -32,6 +32,11 @@ pub struct EngineArgs {
     /// Thinking mode for requests that do not say.
     #[arg(long)]
     pub thinking: bool,
+    /// Round the input of every FP8/FP4-weight product to FP8 (e4m3, a power-of-two scale
+    /// per 32 channels) as DeepSeek's kernels do: a fidelity mode, off by default; no effect
+    /// on a checkpoint without quantised weights.
+    #[arg(long)]
+    pub fp8_activations: bool,
     /// KV pool memory: a size (`512M`, `4G`) for the window state of `--max-num-seqs`
     /// sequences and the paged blocks, or `auto` (half the available host memory; `auto:F`
     /// for a fraction F), capped at what `--max-num-seqs` full-length sequences can use.
@@ -306,7 +311,8 @@ impl EngineArgs {
                 )
             }
         };
-        let model = Model::load(&dir, be)?;
+        let mut model = Model::load(&dir, be)?;
+        model.set_fp8_activations(self.fp8_activations);
         let mut cfg = self.engine_config();
         cfg.draft_calibration = load_calibration(&dir)?;
         if let Some(s) = model.skipped_summary() {

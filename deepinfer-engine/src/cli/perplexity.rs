@@ -34,6 +34,11 @@ pub struct PerplexityArgs {
     /// Batch-invariant kernels.
     #[arg(long)]
     pub deterministic: bool,
+    /// Round the input of every FP8/FP4-weight product to FP8 (e4m3, a power-of-two scale
+    /// per 32 channels) as DeepSeek's kernels do: a fidelity mode, off by default; no effect
+    /// on a checkpoint without quantised weights.
+    #[arg(long)]
+    pub fp8_activations: bool,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -135,10 +140,11 @@ where
 {
     let text = std::fs::read_to_string(&a.text)
         .map_err(|e| format!("cannot read {}: {e}", a.text.display()))?;
-    let model = match &a.model {
+    let mut model = match &a.model {
         Some(dir) => Model::load(dir, be)?,
         None => Model::load(&materialize_default(&default_model_dir())?, be)?,
     };
+    model.set_fp8_activations(a.fp8_activations);
     let tok = tokenizer_for(a.model.as_deref(), model.cfg.vocab_size)?;
     let mut ids: Vec<u32> = tok
         .special_id(SpecialToken::Bos.deepseek_spelling())

@@ -36,14 +36,14 @@ impl<B: Backend> Model<B> {
             &self.f_main
         };
         let sp = super::prof::span("attn.qkv");
-        let qr = be.rms_norm(&be.matmul(x, &aw.wq_a)?, Some(&aw.q_norm), eps)?;
-        let mut q = be.reshape(&be.matmul(&qr, &aw.wq_b)?, &[s_total, h, d])?;
+        let qr = be.rms_norm(&self.mm(x, &aw.wq_a)?, Some(&aw.q_norm), eps)?;
+        let mut q = be.reshape(&self.mm(&qr, &aw.wq_b)?, &[s_total, h, d])?;
         if c.kind == ModelKind::V4 {
             q = be.rms_norm(&q, None, eps)?;
         }
         let q = be.rope(&q, &ctx.pos, f, false)?;
         let kv = be.rope(
-            &be.rms_norm(&be.matmul(x, &aw.wkv)?, Some(&aw.kv_norm), eps)?,
+            &be.rms_norm(&self.mm(x, &aw.wkv)?, Some(&aw.kv_norm), eps)?,
             &ctx.pos,
             f,
             false,
@@ -174,7 +174,7 @@ impl<B: Backend> Model<B> {
         let _sp = super::prof::span("attn.out");
         let g = c.o_groups;
         let z = be.grouped_matmul(&be.reshape(&o, &[s_total, g, h * d / g])?, &aw.wo_a)?;
-        let out = be.matmul(&be.reshape(&z, &[s_total, g * c.o_lora_rank])?, &aw.wo_b)?;
+        let out = self.mm(&be.reshape(&z, &[s_total, g * c.o_lora_rank])?, &aw.wo_b)?;
         Ok(out)
     }
 
@@ -199,9 +199,9 @@ impl<B: Backend> Model<B> {
             .ok_or_else(|| missing(l, "indexer.wk"))?;
         let ratio = c.compress_ratios[l];
         let eps = c.rms_norm_eps as f32;
-        let a_all = be.matmul(x, &cw.wkv)?;
+        let a_all = self.mm(x, &cw.wkv)?;
         let z_all = match &cw.wgate {
-            Some(wg) if ratio > 1 => Some(be.matmul(x, wg)?),
+            Some(wg) if ratio > 1 => Some(self.mm(x, wg)?),
             _ => None,
         };
         for (si, seg) in ctx.segs.iter().enumerate() {
@@ -255,7 +255,7 @@ impl<B: Backend> Model<B> {
             let lat = be.rms_norm(&lat, Some(&cw.norm), eps)?;
             let ent = be.rope(&lat, &gpos, &self.f_comp, false)?;
             let key = be.rope(
-                &be.rms_norm(&be.matmul(&lat, wk)?, Some(k_norm), eps)?,
+                &be.rms_norm(&self.mm(&lat, wk)?, Some(k_norm), eps)?,
                 &gpos,
                 &self.f_comp,
                 false,
@@ -283,7 +283,7 @@ impl<B: Backend> Model<B> {
         let ratio = c.compress_ratios[l];
         let overlap = c.attn_kinds[l] == AttnKind::Csa;
         let eps = c.rms_norm_eps as f32;
-        let a_all = be.matmul(x, &cw.wkv)?;
+        let a_all = self.mm(x, &cw.wkv)?;
         let wg = cw
             .wgate
             .as_ref()
@@ -292,7 +292,7 @@ impl<B: Backend> Model<B> {
             .ape
             .as_ref()
             .ok_or_else(|| missing(l, "compressor.ape"))?;
-        let z_all = be.matmul(x, wg)?;
+        let z_all = self.mm(x, wg)?;
         let slots: Vec<i64> = ctx.pos.iter().map(|&p| p % ratio as i64).collect();
         let slots = be.upload_i64(&slots, &[slots.len()])?;
         let z_all = be.add(&z_all, &be.gather_rows(ape, &slots)?)?;
@@ -393,13 +393,13 @@ impl<B: Backend> Model<B> {
         let (hi, di) = (c.index_n_heads, c.index_head_dim);
         let s_total = x.shape()[0];
         let qi = be.rope(
-            &be.reshape(&be.matmul(qr, &iw.wq_b)?, &[s_total, hi, di])?,
+            &be.reshape(&self.mm(qr, &iw.wq_b)?, &[s_total, hi, di])?,
             &ctx.pos,
             &self.f_comp,
             false,
         )?;
         let qi = self.cache_quant(qi, FakeQuant::Mxfp4 { block: 32 })?;
-        let wts = be.matmul(x, &iw.weights_proj)?;
+        let wts = self.mm(x, &iw.weights_proj)?;
         let scale = ((di as f64).powf(-0.5) * (hi as f64).powf(-0.5)) as f32;
         let cand_src = c.candidate_source_layer;
         let mut out = Vec::with_capacity(ctx.segs.len());
@@ -503,13 +503,13 @@ impl<B: Backend> Model<B> {
         let (hi, di) = (c.index_n_heads, c.index_head_dim);
         let s_total = x.shape()[0];
         let qi = be.rope(
-            &be.reshape(&be.matmul(qr, &iw.wq_b)?, &[s_total, hi, di])?,
+            &be.reshape(&self.mm(qr, &iw.wq_b)?, &[s_total, hi, di])?,
             &ctx.pos,
             &self.f_comp,
             false,
         )?;
         let qi = self.cache_quant(qi, FakeQuant::Mxfp4 { block: 32 })?;
-        let wts = be.matmul(x, &iw.weights_proj)?;
+        let wts = self.mm(x, &iw.weights_proj)?;
         let scale = ((di as f64).powf(-0.5) * (hi as f64).powf(-0.5)) as f32;
         let mut out = Vec::with_capacity(ctx.segs.len());
         for (si, seg) in ctx.segs.iter().enumerate() {

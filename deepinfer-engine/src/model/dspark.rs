@@ -46,7 +46,7 @@ impl<B: Backend> Model<B> {
         let eps = c.rms_norm_eps as f32;
         self.record(ctx, "dspark.main_hidden", main_hidden)?;
         let main_x = be.rms_norm(
-            &be.matmul(main_hidden, &dw.main_proj)?,
+            &self.mm(main_hidden, &dw.main_proj)?,
             Some(&dw.main_norm),
             eps,
         )?;
@@ -55,7 +55,7 @@ impl<B: Backend> Model<B> {
         for (j, st) in dw.stages.iter().enumerate() {
             let kv = be.rope(
                 &be.rms_norm(
-                    &be.matmul(&main_x, &st.attn.wkv)?,
+                    &self.mm(&main_x, &st.attn.wkv)?,
                     Some(&st.attn.kv_norm),
                     eps,
                 )?,
@@ -174,15 +174,15 @@ impl<B: Backend> Model<B> {
             let xin = be.rms_norm(&be.hc_collapse(&x, &pre)?, Some(&sw.attn_norm), eps)?;
             // attention: ratio-0 table, keys = each block's context window + its block rows
             let aw = &sw.attn;
-            let qr = be.rms_norm(&be.matmul(&xin, &aw.wq_a)?, Some(&aw.q_norm), eps)?;
+            let qr = be.rms_norm(&self.mm(&xin, &aw.wq_a)?, Some(&aw.q_norm), eps)?;
             let q = be.rope(
-                &be.reshape(&be.matmul(&qr, &aw.wq_b)?, &[rows, h, d])?,
+                &be.reshape(&self.mm(&qr, &aw.wq_b)?, &[rows, h, d])?,
                 &pos,
                 &self.f_main,
                 false,
             )?;
             let kv = be.rope(
-                &be.rms_norm(&be.matmul(&xin, &aw.wkv)?, Some(&aw.kv_norm), eps)?,
+                &be.rms_norm(&self.mm(&xin, &aw.wkv)?, Some(&aw.kv_norm), eps)?,
                 &pos,
                 &self.f_main,
                 false,
@@ -220,7 +220,7 @@ impl<B: Backend> Model<B> {
             let o = be.rope(&o, &pos, &self.f_main, true)?;
             let g = c.o_groups;
             let z = be.grouped_matmul(&be.reshape(&o, &[rows, g, h * d / g])?, &aw.wo_a)?;
-            let a = be.matmul(&be.reshape(&z, &[rows, g * c.o_lora_rank])?, &aw.wo_b)?;
+            let a = self.mm(&be.reshape(&z, &[rows, g * c.o_lora_rank])?, &aw.wo_b)?;
             x = be.hc_expand(&x, &a, &ma.post, &ma.comb)?;
             let mf = self.hc(&x, &sw.hc_ffn)?;
             let fin = be.rms_norm(&be.hc_collapse(&x, &ma.pre)?, Some(&sw.ffn_norm), eps)?;
@@ -240,7 +240,7 @@ impl<B: Backend> Model<B> {
             hid
         };
         let (bsz, rows) = (depth, n * depth);
-        let base = be.matmul(&be.rms_norm(&hid, Some(&dw.norm), eps)?, &self.w.head)?;
+        let base = self.mm(&be.rms_norm(&hid, Some(&dw.norm), eps)?, &self.w.head)?;
         let mut logits = be.download_f32(&base)?;
         let base_host = if full { logits.clone() } else { Vec::new() };
         // The Markov correction: position i of every block at once, from each block's
@@ -252,7 +252,7 @@ impl<B: Backend> Model<B> {
             let prev_t =
                 be.upload_i64(&prev.iter().map(|&t| t as i64).collect::<Vec<_>>(), &[n])?;
             let m = be.gather_rows(&dw.markov_embed, &prev_t)?; // [n, r]
-            let corr = be.download_f32(&be.matmul(&m, &dw.markov_head)?)?;
+            let corr = be.download_f32(&self.mm(&m, &dw.markov_head)?)?;
             for s in 0..n {
                 let r = s * bsz + i;
                 inputs[r] = prev[s];
@@ -269,7 +269,7 @@ impl<B: Backend> Model<B> {
             &[rows],
         )?;
         let mcat = be.gather_rows(&dw.markov_embed, &inputs_t)?;
-        let conf = be.download_f32(&be.matmul(&be.concat(&[&hid, &mcat], 1)?, &dw.confidence)?)?;
+        let conf = be.download_f32(&self.mm(&be.concat(&[&hid, &mcat], 1)?, &dw.confidence)?)?;
         let hid_host = be.download_f32(&hid)?;
         let dm = hid_host.len() / rows;
         let mut out = Vec::with_capacity(n);

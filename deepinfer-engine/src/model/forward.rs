@@ -343,7 +343,7 @@ impl<B: Backend> Model<B> {
         let y = match (&self.w.hc_head, c.kind) {
             (Some(hw), ModelKind::V4) => {
                 let flat = be.rms_norm(&be.reshape(&x, &[x.shape()[0], n * dm])?, None, eps)?;
-                let mix = be.matmul(&flat, &hw.fn_)?;
+                let mix = self.mm(&flat, &hw.fn_)?;
                 let pre = be.hc_pre_only(&mix, &hw.scale, &hw.base, c.hc_eps as f32)?;
                 be.hc_collapse(&x, &pre)?
             }
@@ -394,7 +394,7 @@ impl<B: Backend> Model<B> {
                 be.concat(&refs, 0)?
             }
         };
-        let logits = be.download_f32(&be.matmul(&rows, &self.w.head)?)?;
+        let logits = be.download_f32(&self.mm(&rows, &self.w.head)?)?;
         if lens.len() == 1 {
             return Ok(vec![logits]); // one item: its rows are the whole buffer
         }
@@ -440,7 +440,7 @@ impl<B: Backend> Model<B> {
             None,
             c.rms_norm_eps as f32,
         )?;
-        let mix = be.matmul(&flat, &w.fn_)?;
+        let mix = self.mm(&flat, &w.fn_)?;
         Ok(be.hc_mixes(
             &mix,
             &w.scale,
@@ -462,7 +462,7 @@ impl<B: Backend> Model<B> {
     ) -> R<B::Tensor> {
         let c = &self.cfg;
         let be = &self.be;
-        let mut logits = be.matmul(x, &fw.gate)?;
+        let mut logits = self.mm(x, &fw.gate)?;
         if c.gate_temp != 1.0 {
             logits = be.affine(&logits, (1.0 / c.gate_temp) as f32, 0.0)?;
         }
@@ -513,14 +513,20 @@ impl<B: Backend> Model<B> {
         let lim = c.swiglu_limit as f32;
         drop(sp);
         let sp = super::prof::span("moe.experts");
+        // FP8 activations: the experts' input is rounded once for all of them.
+        let xq = match experts.first() {
+            Some(e) if e.gate.dtype().is_quantized() => self.fp8_activation(x)?,
+            _ => None,
+        };
+        let xe = xq.as_ref().unwrap_or(x);
         let routed = match (layer, ctx.ep.as_deref_mut()) {
-            (Some(l), Some(ep)) => ep.routed(l, be, x, &idx, &wts, &experts, lim)?,
-            _ => be.moe_experts(x, &idx, &wts, &experts, lim)?,
+            (Some(l), Some(ep)) => ep.routed(l, be, xe, &idx, &wts, &experts, lim)?,
+            _ => be.moe_experts(xe, &idx, &wts, &experts, lim)?,
         };
         drop(sp);
         let _sp = super::prof::span("moe.shared");
         let (w1, w3, w2) = &fw.shared;
-        let shared = be.matmul(&be.swiglu(&be.matmul(x, w1)?, &be.matmul(x, w3)?, lim)?, w2)?;
+        let shared = self.mm(&be.swiglu(&self.mm(x, w1)?, &self.mm(x, w3)?, lim)?, w2)?;
         Ok(be.add(&routed, &shared)?)
     }
 
@@ -540,14 +546,14 @@ impl<B: Backend> Model<B> {
         let eps = c.rms_norm_eps as f32;
         let emb = be.gather_rows(&ew.embed, hash)?; // [S, cols, hd]
         let cols_hd = emb.numel() / s;
-        let kv = be.matmul(&be.reshape(&emb, &[s, cols_hd])?, &ew.wkv)?; // [S, (N+1) D]
+        let kv = self.mm(&be.reshape(&emb, &[s, cols_hd])?, &ew.wkv)?; // [S, (N+1) D]
         let key = be.reshape(&be.narrow(&kv, 1, 0, n * dm)?, &[s, n, dm])?;
         let value = be.narrow(&kv, 1, n * dm, dm)?;
         let prod = be.mul(
             &be.mul(&be.rms_norm(x, None, eps)?, &ew.qk)?,
             &be.rms_norm(&key, None, eps)?,
         )?;
-        let dot = be.download_f32(&be.matmul(&prod, &self.ones_d)?)?; // [S, N, 1]
+        let dot = be.download_f32(&self.mm(&prod, &self.ones_d)?)?; // [S, N, 1]
         let inv = 1.0 / (dm as f64).sqrt();
         let gate: Vec<f32> = dot
             .iter()

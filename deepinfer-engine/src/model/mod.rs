@@ -60,6 +60,10 @@ pub enum ModelError {
     HostSync(&'static str),
 }
 
+/// Channels per scale of FP8 activations ([`Model::set_fp8_activations`]): V4.1's kernels
+/// quantise activations per 32.
+pub const FP8_ACTIVATION_BLOCK: usize = 32;
+
 /// A loaded model on a backend.
 pub struct Model<B: Backend> {
     /// The validated config.
@@ -73,6 +77,8 @@ pub struct Model<B: Backend> {
     pub(crate) ones_d: B::Tensor,
     /// Production approximation: round the cached tensors through their storage formats.
     pub(crate) cache_round_trips: bool,
+    /// FP8 activations (fidelity mode, [`Model::set_fp8_activations`]).
+    pub(crate) fp8_activations: bool,
     /// Production approximation: decoder-side bounded replay in prefill.
     pub(crate) decoder_replay: bool,
     /// The paged global state (compressed entries, indexer keys) of every sequence.
@@ -203,6 +209,7 @@ impl<B: Backend> Model<B> {
             hasher,
             ones_d,
             cache_round_trips: false,
+            fp8_activations: false,
             decoder_replay: false,
             global,
             expert_load: None,
@@ -217,6 +224,48 @@ impl<B: Backend> Model<B> {
     /// production caches store them. This changes the logits (see the README for figures).
     pub fn set_cache_round_trips(&mut self, on: bool) {
         self.cache_round_trips = on;
+    }
+
+    /// Switch FP8 activations on or off (off, the default, multiplies the activations as
+    /// they are). When on, the input of every product with an FP8 or FP4 weight (the dense
+    /// projections, the shared and the routed experts) is first rounded to FP8 e4m3 with one
+    /// power-of-two scale per [`FP8_ACTIVATION_BLOCK`] channels, as DeepSeek's kernels
+    /// quantise activations before their FP8 and FP4 GEMMs: a mode for fidelity studies
+    /// against production numerics. Limits: products whose input width is not a multiple of
+    /// the block keep their input as is, and the routed experts' down projection reads the
+    /// unrounded intermediate (the backend's expert op does not round inside).
+    pub fn set_fp8_activations(&mut self, on: bool) {
+        self.fp8_activations = on;
+    }
+
+    /// Whether FP8 activations are on.
+    pub fn fp8_activations(&self) -> bool {
+        self.fp8_activations
+    }
+
+    /// `x · wᵀ`, with `x` rounded to FP8 first when FP8 activations are on and `w` is
+    /// quantised.
+    pub(crate) fn mm(&self, x: &B::Tensor, w: &B::Tensor) -> Result<B::Tensor, ModelError> {
+        if deepinfer_kernels::TensorInfo::dtype(w).is_quantized() {
+            let xq = self.fp8_activation(x)?;
+            return Ok(self.be.matmul(xq.as_ref().unwrap_or(x), w)?);
+        }
+        Ok(self.be.matmul(x, w)?)
+    }
+
+    /// `x` rounded to FP8 per block when FP8 activations are on (and its width allows).
+    pub(crate) fn fp8_activation(&self, x: &B::Tensor) -> Result<Option<B::Tensor>, ModelError> {
+        let width = deepinfer_kernels::TensorInfo::shape(x)
+            .last()
+            .copied()
+            .unwrap_or(0);
+        if !self.fp8_activations || width == 0 || width % FP8_ACTIVATION_BLOCK != 0 {
+            return Ok(None);
+        }
+        let f = deepinfer_kernels::FakeQuant::Fp8 {
+            block: FP8_ACTIVATION_BLOCK,
+        };
+        Ok(Some(self.be.fake_quant(x, f)?))
     }
 
     /// Round `x` through a cache storage format when the round trips are on.

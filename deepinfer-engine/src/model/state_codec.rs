@@ -355,6 +355,7 @@ where
         h.update(&[
             u8::from(self.cache_round_trips),
             u8::from(self.decoder_replay),
+            u8::from(self.fp8_activations),
         ]);
         let vocab = self.cfg.vocab_size.max(1) as u32;
         let probe: Vec<u32> = (0..8u32).map(|i| (i * 7919 + 11) % vocab).collect();
