@@ -79,17 +79,22 @@ fn quantise_where(ts: &mut Vec<RawTensor>, pick: impl Fn(&str) -> bool) {
     *ts = out;
 }
 
+/// A copy of `fixture` quantised by `how`, its config naming [32, 32] FP8 blocks.
+fn quantised_fixture(fixture: &str, how: fn(&mut Vec<RawTensor>)) -> tempfile::TempDir {
+    rewrite_fixture(
+        fixture,
+        |c| {
+            c["quantization_config"] =
+                serde_json::json!({"quant_method": "fp8", "weight_block_size": [32, 32]})
+        },
+        how,
+    )
+}
+
 #[test]
 fn quantised_weights_stay_quantised_and_match_their_f32_decoding() {
     for fixture in ["v4-tiny-dev", "v41-tiny-dev"] {
-        let dir = rewrite_fixture(
-            fixture,
-            |c| {
-                c["quantization_config"] =
-                    serde_json::json!({"quant_method": "fp8", "weight_block_size": [32, 32]})
-            },
-            quantise,
-        );
+        let dir = quantised_fixture(fixture, quantise);
         let kept = Model::load(dir.path(), backend()).expect("quantised checkpoint loads");
         let wide = Model::load_with_options(
             dir.path(),
@@ -131,14 +136,7 @@ fn quantised_weights_stay_quantised_and_match_their_f32_decoding() {
 #[test]
 fn fp8_activations_round_only_the_quantised_products() {
     for fixture in ["v4-tiny-dev", "v41-tiny-dev"] {
-        let dir = rewrite_fixture(
-            fixture,
-            |c| {
-                c["quantization_config"] =
-                    serde_json::json!({"quant_method": "fp8", "weight_block_size": [32, 32]})
-            },
-            quantise_as_published,
-        );
+        let dir = quantised_fixture(fixture, quantise_as_published);
         let mut kept = Model::load(dir.path(), backend()).unwrap();
         let mut wide = Model::load_with_options(
             dir.path(),

@@ -62,6 +62,32 @@ pub(super) struct StepState {
 }
 
 impl StepState {
+    /// A step with these budgets left, `features` and rows so far: `time` is the time left
+    /// and the coefficients it is charged with, `rows` the prefill and decode rows.
+    fn new(
+        tokens_left: usize,
+        seqs_left: usize,
+        reserved_blocks: usize,
+        time: (f64, Option<CostCoefficients>),
+        features: StepFeatures,
+        rows: (Vec<FlightRow>, Vec<DecodeFlight>),
+    ) -> Self {
+        StepState {
+            tokens_left,
+            seqs_left,
+            reserved_blocks,
+            pending_grow: 0,
+            time_left: time.0,
+            coef: time.1,
+            dec_quad: 0,
+            dec_lin: 0,
+            dec_out: 0,
+            features,
+            prefill_rows: rows.0,
+            decode_rows: rows.1,
+        }
+    }
+
     /// Time left for the next prefill chunk, the decode rows so far charged.
     pub(super) fn chunk_time_left(&self) -> f64 {
         let dec_cost = self.coef.map_or(0.0, |c| {
@@ -165,23 +191,16 @@ impl Scheduler {
             _ => f64::INFINITY,
         };
         let rows = flight.prefill.len() + flight.rows.len();
-        let mut st = StepState {
-            tokens_left: self
-                .cfg
+        let mut st = StepState::new(
+            self.cfg
                 .max_num_batched_tokens
                 .saturating_sub(flight.num_tokens),
-            seqs_left: self.cfg.max_num_seqs.saturating_sub(rows),
-            reserved_blocks: self.pending_reserve,
-            pending_grow: 0,
-            time_left,
-            coef,
-            dec_quad: 0,
-            dec_lin: 0,
-            dec_out: 0,
-            features: flight.features,
-            prefill_rows: std::mem::take(&mut flight.prefill),
-            decode_rows: Vec::new(),
-        };
+            self.cfg.max_num_seqs.saturating_sub(rows),
+            self.pending_reserve,
+            (time_left, coef),
+            flight.features,
+            (std::mem::take(&mut flight.prefill), Vec::new()),
+        );
         let before = st.prefill_rows.len();
         let admitted = self.admit_waiting(plan, &mut st);
         let added = st.prefill_rows.len() - before;
@@ -220,20 +239,14 @@ impl Scheduler {
             (Some(t), Some(c)) => t - c.d,
             _ => f64::INFINITY,
         };
-        StepState {
-            tokens_left: self.cfg.max_num_batched_tokens,
-            seqs_left: self.cfg.max_num_seqs,
-            reserved_blocks: self.pending_reserve,
-            pending_grow: 0,
-            time_left,
-            coef,
-            dec_quad: 0,
-            dec_lin: 0,
-            dec_out: 0,
-            features: StepFeatures::default(),
-            prefill_rows,
-            decode_rows,
-        }
+        StepState::new(
+            self.cfg.max_num_batched_tokens,
+            self.cfg.max_num_seqs,
+            self.pending_reserve,
+            (time_left, coef),
+            StepFeatures::default(),
+            (prefill_rows, decode_rows),
+        )
     }
 
     /// Every 16 steps: when more than an eighth of the running list is out of
