@@ -82,10 +82,13 @@ proptest! {
         a.sort_by_key(|f| f.id);
         b.sort_by_key(|f| f.id);
         prop_assert_eq!(a, b);
-        // Amended in, the first request to arrive runs a step earlier than when it
-        // waits for the plan after the one made ahead.
+        // Amended in, the first request to arrive (when it arrives alone, so nothing else
+        // competes for the plan) runs a step earlier than when it waits for the plan after
+        // the one made ahead.
         let i = (0..w.reqs.len()).min_by_key(|&i| (w.reqs[i].0, i)).unwrap();
-        prop_assert!(amended[i] < waited[i], "{:?} vs {:?}", amended[i], waited[i]);
+        if w.reqs.iter().filter(|r| r.0 == w.reqs[i].0).count() == 1 {
+            prop_assert!(amended[i] < waited[i], "{:?} vs {:?}", amended[i], waited[i]);
+        }
     }
 
     /// FCFS: with one priority, requests start in arrival order and all finish.
