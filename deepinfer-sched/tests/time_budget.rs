@@ -2,7 +2,7 @@
 
 use deepinfer_sched::testing::*;
 use deepinfer_sched::{
-    CoefficientBounds, CostCoefficients, PrefillCostModel, SchedulerConfig, StepPlan,
+    CoefficientBounds, CostCoefficients, PrefillCostModel, Scheduler, SchedulerConfig, StepPlan,
 };
 
 const COEF: CostCoefficients = CostCoefficients {
@@ -16,7 +16,8 @@ fn run_with(budget: Option<f64>) -> Vec<StepPlan> {
     run_model(COEF, budget)
 }
 
-fn run_model(coef: CostCoefficients, budget: Option<f64>) -> Vec<StepPlan> {
+/// A scheduler with room for a 32k-token prompt, the cost model `coef` and `budget`.
+fn budgeted(coef: CostCoefficients, budget: Option<f64>) -> Scheduler {
     let cfg = SchedulerConfig {
         max_num_batched_tokens: 16_384,
         max_num_seqs: 64,
@@ -26,7 +27,11 @@ fn run_model(coef: CostCoefficients, budget: Option<f64>) -> Vec<StepPlan> {
         ..Default::default()
     };
     let model = PrefillCostModel::new(coef, CoefficientBounds::default(), 1.0).unwrap();
-    let mut s = scheduler(cfg, 4096, 16).with_cost_model(model);
+    scheduler(cfg, 4096, 16).with_cost_model(model)
+}
+
+fn run_model(coef: CostCoefficients, budget: Option<f64>) -> Vec<StepPlan> {
+    let mut s = budgeted(coef, budget);
     // Eight short requests reach decode, then a 32k-token prompt arrives.
     for id in 1..=8 {
         s.add_request(req(id, 64, 40)).unwrap();
@@ -152,16 +157,7 @@ fn decode_rows_and_the_sampling_row_are_charged() {
 #[test]
 fn a_late_prompt_joins_the_plan_ahead_within_its_budget() {
     let budget = 40.0;
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 16_384,
-        max_num_seqs: 64,
-        max_model_len: 65_536,
-        max_chunk_tokens: 16_384,
-        step_time_budget: Some(budget),
-        ..Default::default()
-    };
-    let model = PrefillCostModel::new(COEF, CoefficientBounds::default(), 1.0).unwrap();
-    let mut s = scheduler(cfg, 4096, 16).with_cost_model(model);
+    let mut s = budgeted(COEF, Some(budget));
     let mut nothing = StepPlan::default();
     assert!(s.admit_into_planned(&mut nothing).is_err());
     for id in 1..=8 {

@@ -2,7 +2,7 @@
 //! prints a table and writes JSON and an SVG chart.
 
 use super::CliResult;
-use super::engine_args::tokenizer_for;
+use super::engine_args::{NumericsArgs, tokenizer_for};
 use super::generate::SpecBudgetArg;
 use crate::model::Model;
 use crate::runtime::bench::{
@@ -47,10 +47,9 @@ pub struct BenchArgs {
     /// Batch-invariant kernels.
     #[arg(long)]
     pub deterministic: bool,
-    /// Round the input of every FP8/FP4-weight product to FP8 (e4m3, a power-of-two scale
-    /// per 32 channels) as DeepSeek's kernels do: a fidelity mode, off by default.
-    #[arg(long)]
-    pub fp8_activations: bool,
+    /// Numerics of the model (`--fp8-activations`).
+    #[command(flatten)]
+    pub numerics: NumericsArgs,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -226,7 +225,7 @@ fn run_setting(
         threads: a.threads,
     })?;
     let mut model = Model::load(dir, be)?;
-    model.set_fp8_activations(a.fp8_activations);
+    a.numerics.apply(&mut model);
     if let Some(r) = a.expert_load_ranks {
         let e = model.cfg.n_routed_experts;
         if r == 0 || !e.is_multiple_of(r) {

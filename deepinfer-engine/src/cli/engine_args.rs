@@ -32,11 +32,9 @@ pub struct EngineArgs {
     /// Thinking mode for requests that do not say.
     #[arg(long)]
     pub thinking: bool,
-    /// Round the input of every FP8/FP4-weight product to FP8 (e4m3, a power-of-two scale
-    /// per 32 channels) as DeepSeek's kernels do: a fidelity mode, off by default; no effect
-    /// on a checkpoint without quantised weights.
-    #[arg(long)]
-    pub fp8_activations: bool,
+    /// Numerics of the model (`--fp8-activations`).
+    #[command(flatten)]
+    pub numerics: NumericsArgs,
     /// KV pool memory: a size (`512M`, `4G`) for the window state of `--max-num-seqs`
     /// sequences and the paged blocks, or `auto` (half the available host memory; `auto:F`
     /// for a fraction F), capped at what `--max-num-seqs` full-length sequences can use.
@@ -135,6 +133,23 @@ mod tests {
         assert!(parse_bytes("4X").is_err());
         assert!(parse_bytes("-1").is_err());
         assert!(parse_bytes("99999999999T").is_err());
+    }
+}
+
+/// Numerics options of the model, shared by the commands that load one.
+#[derive(Debug, Args)]
+pub struct NumericsArgs {
+    /// Round the input of every FP8/FP4-weight product to FP8 (e4m3, a power-of-two scale
+    /// per 32 channels) as DeepSeek's kernels do: a fidelity mode, off by default; no effect
+    /// on a checkpoint without quantised weights.
+    #[arg(long)]
+    pub fp8_activations: bool,
+}
+
+impl NumericsArgs {
+    /// Set them on `model`.
+    pub fn apply<B: Backend>(&self, model: &mut Model<B>) {
+        model.set_fp8_activations(self.fp8_activations);
     }
 }
 
@@ -312,7 +327,7 @@ impl EngineArgs {
             }
         };
         let mut model = Model::load(&dir, be)?;
-        model.set_fp8_activations(self.fp8_activations);
+        self.numerics.apply(&mut model);
         let mut cfg = self.engine_config();
         cfg.draft_calibration = load_calibration(&dir)?;
         if let Some(s) = model.skipped_summary() {

@@ -5,7 +5,7 @@
 
 use super::CliResult;
 use super::backend::{self, BackendArg};
-use super::engine_args::tokenizer_for;
+use super::engine_args::{NumericsArgs, tokenizer_for};
 use crate::model::{BatchItem, Logits, Model};
 use crate::runtime::{default_model_dir, materialize_default};
 use clap::Args;
@@ -34,11 +34,9 @@ pub struct PerplexityArgs {
     /// Batch-invariant kernels.
     #[arg(long)]
     pub deterministic: bool,
-    /// Round the input of every FP8/FP4-weight product to FP8 (e4m3, a power-of-two scale
-    /// per 32 channels) as DeepSeek's kernels do: a fidelity mode, off by default; no effect
-    /// on a checkpoint without quantised weights.
-    #[arg(long)]
-    pub fp8_activations: bool,
+    /// Numerics of the model (`--fp8-activations`).
+    #[command(flatten)]
+    pub numerics: NumericsArgs,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -144,7 +142,7 @@ where
         Some(dir) => Model::load(dir, be)?,
         None => Model::load(&materialize_default(&default_model_dir())?, be)?,
     };
-    model.set_fp8_activations(a.fp8_activations);
+    a.numerics.apply(&mut model);
     let tok = tokenizer_for(a.model.as_deref(), model.cfg.vocab_size)?;
     let mut ids: Vec<u32> = tok
         .special_id(SpecialToken::Bos.deepseek_spelling())

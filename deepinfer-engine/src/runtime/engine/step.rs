@@ -140,15 +140,26 @@ where
         if self.sched.num_waiting() == 0 {
             return Ok(());
         }
-        let ts = Instant::now();
-        if lp.have_ahead {
-            self.sched.admit_into_planned(&mut lp.ahead)?;
-        } else {
-            self.sched.schedule_into(&mut lp.ahead)?;
-            lp.have_ahead = true;
-            drop_states(&lp.ahead.preempted, live);
+        if !lp.have_ahead {
+            return self.plan_ahead(lp, live, driver);
         }
+        let ts = Instant::now();
+        self.sched.admit_into_planned(&mut lp.ahead)?;
         self.metrics.sched_ms += ms_since(ts);
+        self.note_planned(&lp.ahead, live, driver);
+        Ok(())
+    }
+
+    /// The plan ahead (overlap), made while the step in flight computes. (Its preempted
+    /// requests' states are dropped when the update of that step is applied to it.)
+    fn plan_ahead(
+        &mut self,
+        lp: &mut LoopState,
+        live: &mut HashMap<u64, Live<B::Tensor>>,
+        driver: &mut dyn Driver,
+    ) -> Result<(), EngineError> {
+        self.schedule(&mut lp.ahead)?;
+        lp.have_ahead = true;
         self.note_planned(&lp.ahead, live, driver);
         Ok(())
     }
@@ -206,9 +217,7 @@ where
                 // New requests and aborts join before the next plan is made.
                 self.take_commands(driver, live, t0, false);
                 if !drain && !self.sched.is_idle() {
-                    self.schedule(&mut lp.ahead)?;
-                    lp.have_ahead = true;
-                    self.note_planned(&lp.ahead, live, driver);
+                    self.plan_ahead(lp, live, driver)?;
                 }
                 let host_end = Instant::now();
                 // Requests that arrive while the step computes join the plan ahead at once
